@@ -1,0 +1,510 @@
+"""The arithmetic shim: reference code is written once against an ``Arith`` and evaluated in any of four.
+
+* ``F64``           float64 NumPy arrays.
+* ``MP(prec)``      NumPy object arrays of mpmath ``mpf`` at ``prec`` bits (>= 53, so float64 inputs
+                    convert exactly).
+* ``BALL_F64``      midpoint-radius ("ball") arithmetic over float64: every value carries a radius that
+                    encloses the exact real result of the same formula on the same (exact) inputs.
+* ``BallMP(prec)``  the same over mpmath, for inputs float64 cannot enclose tightly.
+
+Reference code uses the operators ``+ - * /`` (with arrays of the arithmetic or exact Python scalars) and
+the methods below; nothing else. Ball rules follow Rump's midpoint-radius arithmetic with the standard
+model fl(x op y) = (x op y)(1 + delta) + eta, |delta| <= u, |eta| <= eta_min (the underflow unit);
+library functions (exp, log, sin, cos) are trusted to 1 ulp (2u relative). Every radius is computed in
+the same arithmetic and then inflated by (1 + 2ku) for a k-operation formula, which covers the rounding
+of the radius computation itself (all its terms are non-negative). Derivations: proofs/ball-arithmetic.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import mpmath
+import numpy as np
+
+from .precision import mp_precision
+
+Array = Any  # an ndarray (float64 or object of mpf) or a Ball
+
+
+# --------------------------------------------------------------------------------------------------
+# backends: elementwise functions on plain values
+# --------------------------------------------------------------------------------------------------
+class _F64Backend:
+    name = "float64"
+    u = math.ldexp(1.0, -53)
+    eta = math.ldexp(1.0, -1074)  # smallest subnormal: absolute error of an underflowing product
+    prec = 53
+
+    exp = staticmethod(np.exp)
+    expm1 = staticmethod(np.expm1)
+    log = staticmethod(np.log)
+    log1p = staticmethod(np.log1p)
+    sqrt = staticmethod(np.sqrt)
+    sin = staticmethod(np.sin)
+    cos = staticmethod(np.cos)
+
+    @staticmethod
+    def asarray(x: Any) -> np.ndarray:
+        return np.asarray(x, dtype=np.float64)
+
+    @staticmethod
+    def to_float64(x: Any) -> np.ndarray:
+        return np.asarray(x, dtype=np.float64)
+
+    @staticmethod
+    def scalar(c: float) -> Any:
+        return float(c)
+
+    @staticmethod
+    def div(a: Any, b: Any) -> Any:
+        return np.divide(a, b)
+
+    @contextlib.contextmanager
+    def context(self) -> Iterator[None]:
+        with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
+            yield
+
+
+def _ufunc(f: Any) -> Any:
+    return np.frompyfunc(f, 1, 1)
+
+
+def _mp_div(a: Any, b: Any) -> Any:
+    """IEEE-style quotient: x/0 is +-inf, 0/0 is nan (mpmath itself raises ZeroDivisionError)."""
+    if b == 0:
+        return mpmath.nan if a == 0 or mpmath.isnan(a) else mpmath.inf * mpmath.sign(a)
+    return a / b
+
+
+class _MPBackend:
+    def __init__(self, prec: int):
+        if prec < 53:
+            raise ValueError(f"prec: got {prec}; expected >= 53 bits so float64 inputs convert exactly")
+        self.prec = int(prec)
+        self.u = mpmath.mpf(2) ** (-self.prec)
+        self.eta = 0  # mpmath's exponent range is unbounded: no underflow
+        self.name = f"mpmath[{self.prec}]"
+
+    exp = staticmethod(_ufunc(mpmath.exp))
+    expm1 = staticmethod(_ufunc(mpmath.expm1))
+    log = staticmethod(_ufunc(mpmath.log))
+    log1p = staticmethod(_ufunc(mpmath.log1p))
+    sqrt = staticmethod(_ufunc(mpmath.sqrt))
+    sin = staticmethod(_ufunc(mpmath.sin))
+    cos = staticmethod(_ufunc(mpmath.cos))
+
+    _to_mpf = np.vectorize(mpmath.mpf, otypes=[object])
+    _to_float = np.vectorize(float, otypes=[np.float64])
+
+    def asarray(self, x: Any) -> np.ndarray:
+        arr = np.asarray(x)
+        if arr.dtype == object:
+            return np.vectorize(mpmath.mpf, otypes=[object])(arr)
+        return self._to_mpf(np.asarray(arr, dtype=np.float64))
+
+    def to_float64(self, x: Any) -> np.ndarray:
+        with np.errstate(invalid="ignore", over="ignore"):
+            return self._to_float(np.asarray(x, dtype=object))
+
+    def scalar(self, c: float) -> Any:
+        return mpmath.mpf(c)
+
+    div = staticmethod(np.frompyfunc(_mp_div, 2, 1))
+
+    @contextlib.contextmanager
+    def context(self) -> Iterator[None]:
+        with mp_precision(self.prec):
+            yield
+
+
+# --------------------------------------------------------------------------------------------------
+# plain arithmetic
+# --------------------------------------------------------------------------------------------------
+class Arith:
+    """Plain evaluation over a backend. Subclass ``BallArith`` carries enclosures."""
+
+    enclosing = False
+
+    def __init__(self, backend: Any):
+        self.b = backend
+        self.name = backend.name
+
+    def __repr__(self) -> str:
+        return f"<Arith {self.name}>"
+
+    @property
+    def u(self) -> Any:
+        """Unit roundoff of this arithmetic."""
+        return self.b.u
+
+    @property
+    def prec(self) -> int:
+        return int(self.b.prec)
+
+    def context(self) -> contextlib.AbstractContextManager[None]:
+        return self.b.context()
+
+    # conversion --------------------------------------------------------------------------------
+    def asarray(self, x: Any) -> Array:
+        return self.b.asarray(x)
+
+    def const(self, c: float) -> Array:
+        return self.b.scalar(c)
+
+    def to_float64(self, x: Array) -> np.ndarray:
+        return self.b.to_float64(x)
+
+    def radius(self, x: Array) -> np.ndarray:
+        """Enclosure radius (zero shape-alike array for plain arithmetic: no enclosure is claimed)."""
+        return np.zeros(np.shape(x))
+
+    def mid(self, x: Array) -> Array:
+        return x
+
+    # elementwise -------------------------------------------------------------------------------
+    def exp(self, x: Array) -> Array:
+        return self.b.exp(x)
+
+    def log(self, x: Array) -> Array:
+        return self.b.log(x)
+
+    def sqrt(self, x: Array) -> Array:
+        return self.b.sqrt(x)
+
+    def sin(self, x: Array) -> Array:
+        return self.b.sin(x)
+
+    def cos(self, x: Array) -> Array:
+        return self.b.cos(x)
+
+    def abs(self, x: Array) -> Array:
+        return np.abs(x)
+
+    def div(self, a: Array, b: Array) -> Array:
+        """a / b that yields inf or nan where b == 0 in every arithmetic (for data-dependent
+        denominators that may vanish)."""
+        return self.b.div(a, b)
+
+    def maximum(self, x: Array, c: float) -> Array:
+        return np.where(_gt(x, c), x, self.b.scalar(c))
+
+    def minimum(self, x: Array, c: float) -> Array:
+        return np.where(_gt(x, c), self.b.scalar(c), x)
+
+    def where_pos(self, x: Array, a: Array, b: Array) -> Array:
+        """a where x > 0 else b, for a piecewise function continuous at x = 0."""
+        return np.where(_gt(x, 0), a, b)
+
+    # structure ---------------------------------------------------------------------------------
+    def mT(self, x: Array) -> Array:
+        return np.swapaxes(x, -1, -2)
+
+    def fill(self, x: Array, keep: np.ndarray, value: float) -> Array:
+        """x where ``keep`` (a boolean array, broadcast) else the exact constant ``value``."""
+        return np.where(keep, x, self.b.scalar(value))
+
+    def concat(self, xs: Sequence[Array], axis: int = -1) -> Array:
+        return np.concatenate(list(xs), axis=axis)
+
+    def stack(self, xs: Sequence[Array], axis: int = 0) -> Array:
+        return np.stack(list(xs), axis=axis)
+
+    def zeros(self, shape: tuple[int, ...]) -> Array:
+        return self.b.asarray(np.zeros(shape))
+
+    # reductions and products -------------------------------------------------------------------
+    def sum(self, x: Array, axis: int, keepdims: bool = False) -> Array:
+        return np.sum(x, axis=axis, keepdims=keepdims)
+
+    def cumsum(self, x: Array, axis: int) -> Array:
+        return np.cumsum(x, axis=axis)
+
+    def matmul(self, a: Array, b: Array) -> Array:
+        return np.matmul(a, b)
+
+    def stop_max(self, x: Array, axis: int | tuple[int, ...], keep: np.ndarray | None = None) -> Array:
+        """An exact constant, the maximum of x over ``axis`` (keepdims) among entries where ``keep``.
+        For stabilising shifts that cancel exactly: the enclosing arithmetics treat it as exact."""
+        vals = np.asarray(self.b.to_float64(self.mid(x)))
+        if keep is not None:
+            vals = np.where(keep, vals, -np.inf)
+        m = np.max(vals, axis=axis, keepdims=True)
+        return self.asarray(np.where(np.isfinite(m), m, 0.0))
+
+
+def _gt(x: Any, c: float) -> np.ndarray:
+    return np.asarray(x > c, dtype=bool)
+
+
+# --------------------------------------------------------------------------------------------------
+# ball arithmetic
+# --------------------------------------------------------------------------------------------------
+class Ball:
+    """A midpoint-radius enclosure: the exact value lies in [mid - rad, mid + rad] entrywise."""
+
+    __array_ufunc__ = None  # make numpy defer to our reflected operators
+
+    def __init__(self, ar: BallArith, mid: Any, rad: Any):
+        self.ar = ar
+        self.mid = mid
+        self.rad = rad
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(np.shape(self.mid))
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def __getitem__(self, idx: Any) -> Ball:
+        return Ball(self.ar, self.mid[idx], self.rad[idx])
+
+    def reshape(self, *shape: Any) -> Ball:
+        return Ball(self.ar, np.reshape(self.mid, shape), np.reshape(self.rad, shape))
+
+    def __add__(self, o: Any) -> Ball:
+        return self.ar._add(self, self.ar._lift(o))
+
+    __radd__ = __add__
+
+    def __sub__(self, o: Any) -> Ball:
+        return self.ar._add(self, -self.ar._lift(o))
+
+    def __rsub__(self, o: Any) -> Ball:
+        return self.ar._add(self.ar._lift(o), -self)
+
+    def __neg__(self) -> Ball:
+        return Ball(self.ar, -self.mid, self.rad)
+
+    def __mul__(self, o: Any) -> Ball:
+        return self.ar._mul(self, self.ar._lift(o))
+
+    __rmul__ = __mul__
+
+    def __truediv__(self, o: Any) -> Ball:
+        return self.ar._div(self, self.ar._lift(o))
+
+    def __rtruediv__(self, o: Any) -> Ball:
+        return self.ar._div(self.ar._lift(o), self)
+
+    def __repr__(self) -> str:
+        return f"Ball(shape={self.shape}, arith={self.ar.name})"
+
+
+class BallArith(Arith):
+    """Midpoint-radius arithmetic over a backend (float64 or mpmath)."""
+
+    enclosing = True
+
+    def __init__(self, backend: Any):
+        super().__init__(backend)
+        self.name = f"ball-{backend.name}"
+        self._eta = backend.eta
+
+    # helpers -----------------------------------------------------------------------------------
+    def _lift(self, x: Any) -> Ball:
+        if isinstance(x, Ball):
+            return x
+        m = self.b.asarray(x)
+        return Ball(self, m, self.b.asarray(np.zeros(np.shape(m))))
+
+    def _inflate(self, r: Any, k: int) -> Any:
+        return r * (1 + 2 * k * self.b.u)
+
+    def _rnd(self, y: Any, ulps: int = 1) -> Any:
+        """Rounding error of one operation whose computed result is y: ulps * u * |y| + eta."""
+        return ulps * self.b.u * np.abs(y) + self._eta
+
+    # conversion --------------------------------------------------------------------------------
+    def asarray(self, x: Any) -> Ball:
+        return self._lift(x)
+
+    def const(self, c: float) -> Ball:
+        return self._lift(np.asarray(c, dtype=np.float64))
+
+    def to_float64(self, x: Ball) -> np.ndarray:
+        return self.b.to_float64(x.mid)
+
+    def radius(self, x: Ball) -> np.ndarray:
+        """Radius as float64, rounded up by one part in 2^52 so the float enclosure stays valid."""
+        r = np.asarray(self.b.to_float64(x.rad), dtype=np.float64)
+        return r * (1.0 + 2.0**-52)
+
+    def mid(self, x: Any) -> Any:
+        return x.mid if isinstance(x, Ball) else x
+
+    # the four operations -------------------------------------------------------------------------
+    def _add(self, a: Ball, b: Ball) -> Ball:
+        y = a.mid + b.mid
+        return Ball(self, y, self._inflate(a.rad + b.rad + self.b.u * np.abs(y), 3))
+
+    def _mul(self, a: Ball, b: Ball) -> Ball:
+        y = a.mid * b.mid
+        r = np.abs(a.mid) * b.rad + a.rad * np.abs(b.mid) + a.rad * b.rad + self._rnd(y)
+        return Ball(self, y, self._inflate(r, 6))
+
+    def _div(self, a: Ball, b: Ball) -> Ball:
+        y = self.b.div(a.mid, b.mid)
+        ab = np.abs(b.mid)
+        gap = ab - b.rad
+        safe = _gt(gap, 0)
+        gap_s = np.where(safe, gap, 1)
+        r = (a.rad + np.abs(y) * (1 + self.b.u) * b.rad) / gap_s + self._rnd(y)
+        r = np.where(safe, r, self.b.scalar(math.inf))
+        return Ball(self, y, self._inflate(r, 6))
+
+    def div(self, a: Any, b: Any) -> Ball:
+        return self._div(self._lift(a), self._lift(b))
+
+    # elementwise -------------------------------------------------------------------------------
+    def exp(self, x: Ball) -> Ball:
+        y = self.b.exp(x.mid)
+        r = np.abs(y) * (self.b.expm1(x.rad) + 2 * self.b.u) * (1 + 2 * self.b.u) + self._eta
+        return Ball(self, y, self._inflate(r, 4))
+
+    def log(self, x: Ball) -> Ball:
+        y = self.b.log(x.mid)
+        safe = _gt(x.mid - x.rad, 0)
+        ratio = np.where(safe, x.rad / np.where(safe, x.mid, 1), 0)
+        r = -self.b.log1p(-ratio) + 2 * self.b.u * np.abs(y) + self._eta
+        r = np.where(safe, r, self.b.scalar(math.inf))
+        return Ball(self, y, self._inflate(r, 4))
+
+    def sqrt(self, x: Ball) -> Ball:
+        y = self.b.sqrt(np.where(_gt(x.mid, 0), x.mid, 0))
+        lo = x.mid - x.rad
+        pos = _gt(lo, 0)
+        lo_s = np.where(pos, lo, 0)
+        r_pos = x.rad / (self.b.sqrt(lo_s) + np.where(pos, y, 1))
+        r_neg = self.b.sqrt(np.abs(x.mid) + x.rad)  # [0, mid + rad] covered by y +- sqrt(mid + rad)
+        r = np.where(pos, r_pos, r_neg) + self._rnd(y)
+        return Ball(self, y, self._inflate(r, 4))
+
+    def sin(self, x: Ball) -> Ball:
+        y = self.b.sin(x.mid)
+        return Ball(self, y, self._inflate(x.rad + self._rnd(y, 2), 2))
+
+    def cos(self, x: Ball) -> Ball:
+        y = self.b.cos(x.mid)
+        return Ball(self, y, self._inflate(x.rad + self._rnd(y, 2), 2))
+
+    def abs(self, x: Ball) -> Ball:
+        return Ball(self, np.abs(x.mid), x.rad)
+
+    def maximum(self, x: Ball, c: float) -> Ball:
+        return Ball(self, np.where(_gt(x.mid, c), x.mid, self.b.scalar(c)), x.rad)
+
+    def minimum(self, x: Ball, c: float) -> Ball:
+        return Ball(self, np.where(_gt(x.mid, c), self.b.scalar(c), x.mid), x.rad)
+
+    def where_pos(self, x: Ball, a: Any, b: Any) -> Ball:
+        a, b = self._lift(a), self._lift(b)
+        pick = _gt(x.mid, 0)
+        y = np.where(pick, a.mid, b.mid)
+        r = np.where(pick, a.rad, b.rad)
+        # where the ball of x straddles 0 the exact value may sit on the other branch: cover both
+        straddle = np.asarray(np.abs(x.mid) <= x.rad, dtype=bool)
+        both = np.where(_gt(a.rad, b.rad), a.rad, b.rad) + np.abs(a.mid - b.mid)
+        return Ball(self, y, np.where(straddle, both, r))
+
+    # structure ---------------------------------------------------------------------------------
+    def mT(self, x: Ball) -> Ball:
+        return Ball(self, np.swapaxes(x.mid, -1, -2), np.swapaxes(x.rad, -1, -2))
+
+    def fill(self, x: Ball, keep: np.ndarray, value: float) -> Ball:
+        return Ball(self, np.where(keep, x.mid, self.b.scalar(value)), np.where(keep, x.rad, 0))
+
+    def concat(self, xs: Sequence[Ball], axis: int = -1) -> Ball:
+        bs = [self._lift(x) for x in xs]
+        return Ball(self, np.concatenate([b.mid for b in bs], axis), np.concatenate([b.rad for b in bs], axis))
+
+    def stack(self, xs: Sequence[Ball], axis: int = 0) -> Ball:
+        bs = [self._lift(x) for x in xs]
+        return Ball(self, np.stack([b.mid for b in bs], axis), np.stack([b.rad for b in bs], axis))
+
+    def zeros(self, shape: tuple[int, ...]) -> Ball:
+        return self._lift(np.zeros(shape))
+
+    # reductions and products -------------------------------------------------------------------
+    def _gammas(self, n: Any) -> Any:
+        nu = n * self.b.u
+        return nu / (1 - nu)
+
+    def sum(self, x: Ball, axis: int, keepdims: bool = False) -> Ball:
+        n = np.shape(x.mid)[axis]
+        y = np.sum(x.mid, axis=axis, keepdims=keepdims)
+        r = np.sum(x.rad, axis=axis, keepdims=keepdims) + self._gammas(max(n - 1, 0)) * np.sum(
+            np.abs(x.mid), axis=axis, keepdims=keepdims
+        )
+        return Ball(self, y, self._inflate(r, n + 2))
+
+    def cumsum(self, x: Ball, axis: int) -> Ball:
+        n = np.shape(x.mid)[axis]
+        y = np.cumsum(x.mid, axis=axis)
+        shape = [1] * np.ndim(x.mid)
+        shape[axis] = n
+        g = self._gammas(self.b.asarray(np.arange(n, dtype=np.float64))).reshape(shape)  # gamma_{k-1}
+        r = np.cumsum(x.rad, axis=axis) + g * np.cumsum(np.abs(x.mid), axis=axis)
+        return Ball(self, y, self._inflate(r, n + 2))
+
+    def matmul(self, a: Any, b: Any) -> Ball:
+        a, b = self._lift(a), self._lift(b)
+        n = np.shape(a.mid)[-1]
+        y = np.matmul(a.mid, b.mid)
+        aa, ab = np.abs(a.mid), np.abs(b.mid)
+        r = (
+            np.matmul(aa, b.rad)
+            + np.matmul(a.rad, ab + b.rad)
+            + self._gammas(n) * np.matmul(aa, ab)
+            + n * self._eta
+        )
+        return Ball(self, y, self._inflate(r, n + 4))
+
+
+class _ModelBackend(_F64Backend):
+    """float64 values with the unit roundoff and underflow unit of another format: a ball evaluation
+    over it bounds, to first order, the rounding error of the same formula evaluated in that format."""
+
+    def __init__(self, dtype: Any):
+        from .precision import dtype_name, unit_roundoff
+
+        self.u = unit_roundoff(dtype) + math.ldexp(1.0, -53)
+        self.eta = _SUBNORMAL_MIN[dtype_name(dtype)]
+        self.name = f"model-{dtype_name(dtype)}"
+
+
+_SUBNORMAL_MIN = {
+    "float64": math.ldexp(1.0, -1074),
+    "float32": math.ldexp(1.0, -149),
+    "tf32": math.ldexp(1.0, -149),
+    "bfloat16": math.ldexp(1.0, -133),
+    "float16": math.ldexp(1.0, -24),
+}
+
+
+def rounding_model(dtype: Any) -> BallArith:
+    """Ball arithmetic whose radii model rounding in ``dtype`` (unit roundoff u, underflow unit eta)."""
+    return BallArith(_ModelBackend(dtype))
+
+
+F64 = Arith(_F64Backend())
+BALL_F64 = BallArith(_F64Backend())
+
+
+def MP(prec: int) -> Arith:
+    """Plain mpmath arithmetic at ``prec`` bits (>= 53)."""
+    return Arith(_MPBackend(prec))
+
+
+def BallMP(prec: int) -> BallArith:
+    """Ball arithmetic over mpmath at ``prec`` bits (>= 53)."""
+    return BallArith(_MPBackend(prec))
+
+
+def is_arith(x: Any) -> bool:
+    return isinstance(x, Arith)

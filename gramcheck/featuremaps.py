@@ -1,0 +1,136 @@
+"""Feature maps phi and the random matrices of FAVOR+, written once against the arithmetic shim.
+
+Each map takes ``ar`` (an ``Arith``: F64, MP, ball, or ``TORCH``) and x of shape (B, H, N, d) and returns
+phi(x) of shape (B, H, N, m). Formulas (shared/BOUNDS.md, proofs/favor-mse.md):
+
+* elu+1:         phi(x) = elu(x) + 1 = x + 1 (x > 0), e^x (x <= 0)              (Katharopoulos et al. 2020)
+* relu:          phi(x) = max(x, 0)
+* FAVOR+ positive:   phi(x) = e^{-|x|^2/2} / sqrt(m) [e^{w_i.x}]_{i<=m}
+* FAVOR+ hyperbolic: phi(x) = e^{-|x|^2/2} / sqrt(2m) [e^{w_i.x}, e^{-w_i.x}]_{i<=m}
+* FAVOR+ trig:       phi(x) = e^{|x|^2/2} / sqrt(m) [sin(w_i.x), cos(w_i.x)]_{i<=m}
+  so that E[phi(x).phi(y)] = exp(x.y) for w_i ~ N(0, I_d) (Choromanski et al. 2021, Lemma 1).
+  The data are first scaled by sqrt(scale) so that phi(q).phi(k) estimates exp(scale q.k)
+  (scale = 1/sqrt(d) gives softmax's logits).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .validation import check_choice, check_positive_int
+
+FAVOR_KINDS = ("positive", "hyperbolic", "trig")
+PROJECTIONS = ("iid", "orf")
+ORF_SCALINGS = ("chi", "sqrt_d")
+
+
+def elu1(ar: Any, x: Any) -> Any:
+    """elu(x) + 1: x + 1 for x > 0, exp(x) otherwise (continuous at 0, strictly positive)."""
+    return ar.where_pos(x, x + 1.0, ar.exp(ar.minimum(x, 0.0)))
+
+
+def relu(ar: Any, x: Any) -> Any:
+    """max(x, 0): non-negative, zero on a half-space (denominators can vanish)."""
+    return ar.maximum(x, 0.0)
+
+
+def identity(ar: Any, x: Any) -> Any:
+    """phi(x) = x (no feature map, as in fla's naive linear attention)."""
+    return x
+
+
+ELEMENTWISE = {"elu1": elu1, "relu": relu, "identity": identity}
+
+
+def elementwise(name: str) -> Any:
+    return ELEMENTWISE[check_choice("feature", name, tuple(ELEMENTWISE))]
+
+
+def favor(
+    ar: Any,
+    x: Any,
+    projection: Any,
+    *,
+    kind: str = "positive",
+    is_query: bool,
+    scale: float | None = None,
+    stabilize: bool = True,
+    feature_eps: float = 0.0,
+) -> Any:
+    """FAVOR+ random features of x (B, H, N, d) with the random matrix ``projection`` W (m, d).
+
+    Stabiliser (reference code's ``softmax_kernel_transformation``): subtract from the exponent its
+    maximum, per token for queries and over all tokens and features for keys; with ``feature_eps == 0``
+    it cancels exactly in the normalised output. ``feature_eps`` adds eps to every feature before the
+    1/sqrt(m) factor, as performer-pytorch does (1e-4), which biases the kernel estimate.
+    """
+    check_choice("kind", kind, FAVOR_KINDS)
+    d = x.shape[-1]
+    m = projection.shape[0]
+    if scale is None:
+        xs = x / ar.sqrt(ar.sqrt(ar.const(d)))
+    else:
+        xs = x * ar.sqrt(ar.const(scale))
+    proj = ar.matmul(xs, ar.mT(projection))  # (B, H, N, m): w_i . x
+    half_sq = ar.sum(xs * xs, axis=-1, keepdims=True) / 2.0
+    axis = -1 if is_query else (-2, -1)
+    if kind == "trig":
+        amp = half_sq - ar.stop_max(half_sq, axis) if stabilize else half_sq
+        feats = ar.exp(amp) * ar.concat([ar.sin(proj), ar.cos(proj)], axis=-1)
+        return (feats + feature_eps) / ar.sqrt(ar.const(m))
+    if kind == "positive":
+        expo = proj - half_sq
+        count = m
+    else:
+        expo = ar.concat([proj - half_sq, -proj - half_sq], axis=-1)
+        count = 2 * m
+    if stabilize:
+        expo = expo - ar.stop_max(expo, axis)
+    return (ar.exp(expo) + feature_eps) / ar.sqrt(ar.const(count))
+
+
+# --------------------------------------------------------------------------------------------------
+# random matrices (NumPy, seeded): the same draw feeds the reference and every torch form
+# --------------------------------------------------------------------------------------------------
+def random_projection(
+    m: int,
+    d: int,
+    *,
+    kind: str = "iid",
+    scaling: str = "chi",
+    seed: int | np.random.Generator = 0,
+) -> np.ndarray:
+    """Random matrix W (m, d) float64 for FAVOR+.
+
+    ``iid``: rows w_i ~ N(0, I_d). ``orf``: floor(m/d) independent blocks of d orthonormal rows (the
+    Q factor of a d x d Gaussian matrix, sign-corrected so it is Haar distributed), plus the first
+    m mod d rows of one more block; rows rescaled to chi(d)-distributed norms (``scaling='chi'``, rows
+    marginally N(0, I_d)) or to sqrt(d) (``scaling='sqrt_d'``, Performer's SMREG).
+    """
+    m = check_positive_int("m", m)
+    d = check_positive_int("d", d)
+    check_choice("kind", kind, PROJECTIONS)
+    check_choice("scaling", scaling, ORF_SCALINGS)
+    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+    if kind == "iid":
+        return rng.standard_normal((m, d))
+    blocks = []
+    for _ in range(-(-m // d)):
+        qf, rf = np.linalg.qr(rng.standard_normal((d, d)))
+        qf = qf * np.sign(np.where(np.diag(rf) == 0, 1.0, np.diag(rf)))  # Haar: fix column signs
+        blocks.append(qf.T)
+    rows = np.concatenate(blocks, axis=0)[:m]
+    if scaling == "chi":
+        norms = np.linalg.norm(rng.standard_normal((m, d)), axis=1)
+    else:
+        norms = np.full(m, np.sqrt(d))
+    return rows * norms[:, None]
+
+
+def as_torch(w: np.ndarray, like: Any) -> Any:
+    """The float64 draw ``w`` as a tensor of ``like``'s dtype and device."""
+    import torch
+
+    return torch.as_tensor(np.asarray(w, dtype=np.float64)).to(dtype=like.dtype, device=like.device)

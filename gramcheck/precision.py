@@ -1,0 +1,99 @@
+"""Unit roundoff, the Higham constants gamma_n, and mpmath precision contexts.
+
+Unit roundoff u = 2^-p for a format with p significand bits (round to nearest):
+float64 2^-53, float32 2^-24, tf32 2^-11, bfloat16 2^-8, float16 2^-11
+(Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed., sec. 2.1; proofs/fp-forward-error.md).
+
+gamma_n = n u / (1 - n u), defined while n u < 1 (Higham, Lemma 3.1).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import mpmath
+
+# significand bits including the implicit bit
+_BITS: dict[str, int] = {
+    "float64": 53,
+    "float32": 24,
+    "tf32": 11,
+    "bfloat16": 8,
+    "float16": 11,
+}
+
+_ALIASES: dict[str, str] = {
+    "double": "float64",
+    "f64": "float64",
+    "fp64": "float64",
+    "float": "float32",
+    "single": "float32",
+    "f32": "float32",
+    "fp32": "float32",
+    "bf16": "bfloat16",
+    "half": "float16",
+    "f16": "float16",
+    "fp16": "float16",
+}
+
+
+def dtype_name(dtype: Any) -> str:
+    """Canonical name ('float64', 'float32', 'tf32', 'bfloat16', 'float16') of a dtype given as a string,
+    a NumPy dtype or a torch dtype. Raises ValueError naming the argument for anything else."""
+    if isinstance(dtype, str):
+        name = dtype.lower().removeprefix("torch.")
+    elif type(dtype).__module__.startswith("torch"):
+        name = str(dtype).removeprefix("torch.")
+    else:
+        try:  # numpy dtypes and scalar types
+            import numpy as np
+
+            name = np.dtype(dtype).name
+        except TypeError:
+            name = str(dtype)
+    name = _ALIASES.get(name, name)
+    if name not in _BITS:
+        raise ValueError(
+            f"dtype: got {dtype!r}; expected one of {sorted(_BITS)} (or a numpy/torch float dtype)"
+        )
+    return name
+
+
+def significand_bits(dtype: Any) -> int:
+    """Significand bits p (implicit bit included) of a floating-point format."""
+    return _BITS[dtype_name(dtype)]
+
+
+def unit_roundoff(dtype: Any) -> float:
+    """u = 2^-p, the unit roundoff of round-to-nearest in the format (an exact power of two)."""
+    return math.ldexp(1.0, -significand_bits(dtype))
+
+
+def gamma(n: int | float, dtype: Any = "float64", *, u: float | None = None) -> float:
+    """gamma_n = n u / (1 - n u) (Higham, Lemma 3.1). Returns inf when n u >= 1, where no bound of
+    this form exists. ``u`` overrides the dtype's unit roundoff (e.g. 2^-prec for mpmath)."""
+    if n < 0:
+        raise ValueError(f"n: got {n}; expected n >= 0")
+    uu = unit_roundoff(dtype) if u is None else u
+    nu = n * uu
+    if nu >= 1.0:
+        return math.inf
+    return nu / (1.0 - nu)
+
+
+def bits_for_digits(digits: float) -> int:
+    """Bits needed to represent ``digits`` decimal digits: ceil(digits * log2(10))."""
+    return int(math.ceil(digits * math.log2(10.0)))
+
+
+@contextlib.contextmanager
+def mp_precision(bits: int) -> Iterator[None]:
+    """Run a block with mpmath's working precision set to ``bits``; the previous global precision is
+    restored on exit, also when the block raises (mpmath.workprec does the save/restore)."""
+    if bits < 2:
+        raise ValueError(f"bits: got {bits}; expected an integer >= 2")
+    with mpmath.workprec(int(bits)):
+        yield

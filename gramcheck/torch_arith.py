@@ -1,0 +1,86 @@
+"""The arithmetic shim's interface over torch tensors, so that elementwise formulas (feature maps,
+norms) are written once and run in the reference arithmetics and in the target dtype alike.
+
+torch is imported on first use only; the core of gramcheck never needs it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+
+def _torch() -> Any:
+    try:
+        import torch
+    except ImportError as exc:  # pragma: no cover - exercised only without the extra
+        raise ImportError("gramcheck's torch forms need torch: pip install 'gramcheck[torch]'") from exc
+    return torch
+
+
+class TorchArith:
+    """Same methods as ``gramcheck.arith.Arith``; values are torch tensors of any dtype and device."""
+
+    enclosing = False
+    name = "torch"
+
+    def __repr__(self) -> str:
+        return "<Arith torch>"
+
+    def const(self, c: float) -> float:
+        return float(c)
+
+    def exp(self, x: Any) -> Any:
+        return _torch().exp(x) if not isinstance(x, float) else math.exp(x)
+
+    def log(self, x: Any) -> Any:
+        return _torch().log(x) if not isinstance(x, float) else math.log(x)
+
+    def sqrt(self, x: Any) -> Any:
+        return _torch().sqrt(x) if not isinstance(x, float) else math.sqrt(x)
+
+    def sin(self, x: Any) -> Any:
+        return _torch().sin(x)
+
+    def cos(self, x: Any) -> Any:
+        return _torch().cos(x)
+
+    def abs(self, x: Any) -> Any:
+        return x.abs()
+
+    def div(self, a: Any, b: Any) -> Any:
+        return a / b
+
+    def maximum(self, x: Any, c: float) -> Any:
+        return x.clamp_min(c)
+
+    def minimum(self, x: Any, c: float) -> Any:
+        return x.clamp_max(c)
+
+    def where_pos(self, x: Any, a: Any, b: Any) -> Any:
+        return _torch().where(x > 0, a, b)
+
+    def mT(self, x: Any) -> Any:
+        return x.transpose(-1, -2)
+
+    def concat(self, xs: Sequence[Any], axis: int = -1) -> Any:
+        return _torch().cat(list(xs), dim=axis)
+
+    def sum(self, x: Any, axis: int, keepdims: bool = False) -> Any:
+        return x.sum(dim=axis, keepdim=keepdims)
+
+    def matmul(self, a: Any, b: Any) -> Any:
+        return a @ b
+
+    def stop_max(self, x: Any, axis: int | tuple[int, ...], keep: Any = None) -> Any:
+        """max over ``axis`` (keepdim), detached: a stabilising shift carries no gradient."""
+        x = x.detach()
+        if keep is not None:
+            x = x.masked_fill(~keep, -math.inf)
+        dims = (axis,) if isinstance(axis, int) else tuple(axis)
+        m = x.amax(dim=dims, keepdim=True)
+        return _torch().where(_torch().isfinite(m), m, _torch().zeros_like(m))
+
+
+TORCH = TorchArith()

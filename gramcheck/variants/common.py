@@ -1,0 +1,67 @@
+"""Building blocks shared by several variants, each written once against the arithmetic shim (so the
+same formula serves the reference arithmetics and, with ``TORCH``, the torch forms)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+def causal_keep(n: int) -> np.ndarray:
+    """Boolean (N, N) mask of the pairs (i, j) with j <= i."""
+    return np.tril(np.ones((n, n), dtype=bool))
+
+
+def masked_softmax(ar: Any, logits: Any, keep: np.ndarray | None) -> Any:
+    """Row softmax of ``logits`` (..., N, N) over the entries where ``keep``; the others get weight 0.
+    The row maximum is subtracted first (it cancels exactly)."""
+    if keep is None:
+        w = ar.exp(logits - ar.stop_max(logits, -1))
+    else:  # masked entries are set to 0 after the exp (finite arithmetic throughout)
+        w = ar.fill(ar.exp(ar.fill(logits, keep, 0.0) - ar.stop_max(logits, -1, keep)), keep, 0.0)
+    return w / ar.sum(w, axis=-1, keepdims=True)
+
+
+def kernel_matrix(ar: Any, fq: Any, fk: Any, causal: bool) -> Any:
+    """A = phi(Q) phi(K)^T (..., N, N), lower-triangular part only when causal (definitional; N x N)."""
+    a = ar.matmul(fq, ar.mT(fk))
+    return ar.fill(a, causal_keep(fq.shape[-2]), 0.0) if causal else a
+
+
+def ref_normalised(ar: Any, fq: Any, fk: Any, v: Any, *, causal: bool, eps: float = 0.0) -> Any:
+    """o_i = sum_j A_ij v_j / (sum_j A_ij + eps), A = phi(Q) phi(K)^T (masked when causal)."""
+    a = kernel_matrix(ar, fq, fk, causal)
+    return ar.div(ar.matmul(a, v), ar.sum(a, axis=-1, keepdims=True) + eps)
+
+
+def torch_normalised(
+    fq: Any, fk: Any, v: Any, *, causal: bool, form: str, chunk_size: int, eps: float = 0.0
+) -> Any:
+    """The same quotient computed by one pass of a linear form over [V, 1] (numerator and denominator
+    share every rounding pattern of the form)."""
+    from ..forms import linear_recurrence
+
+    dv = v.shape[-1]
+    va = _torch().cat([v, v.new_ones(*v.shape[:-1], 1)], dim=-1)
+    out = linear_recurrence(fq, fk, va, causal=causal, form=form, chunk_size=chunk_size)
+    return out[..., :dv] / (out[..., dv:] + eps)
+
+
+def standardise(ar: Any, x: Any, eps: float) -> Any:
+    """(x - mean) / sqrt(var + eps) over the last axis (LayerNorm / GroupNorm per head, no affine)."""
+    d = x.shape[-1]
+    c = x - ar.sum(x, axis=-1, keepdims=True) / float(d)
+    return c / ar.sqrt(ar.sum(c * c, axis=-1, keepdims=True) / float(d) + eps)
+
+
+def rms_normalise(ar: Any, x: Any, eps: float) -> Any:
+    """x / sqrt(mean(x^2) + eps) over the last axis (RMSNorm with unit gain, SRMSNorm)."""
+    d = x.shape[-1]
+    return x / ar.sqrt(ar.sum(x * x, axis=-1, keepdims=True) / float(d) + eps)
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch

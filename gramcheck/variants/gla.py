@@ -1,0 +1,57 @@
+"""Gated Linear Attention (Yang et al., ICML 2024).
+
+    S_t = diag(alpha_t) S_{t-1} + k_t v_t^T,   o_t = S_t^T (s q_t),   S_0 = 0,   S_t in R^{d_k x d_v}
+
+with per-channel data-dependent decays alpha_t in (0, 1]^{d_k}, given as log-decays g_t = log alpha_t
+<= 0 (input ``g`` of shape (B, H, N, d_k)). The paper's gate normaliser alpha = sigmoid(z)^{1/tau}
+(tau = 16) is ``gate_tau``: the effective log-decay is g / gate_tau, with g = logsigmoid(z)
+(``gate_from_logits``). Unrolled: o_t = sum_{s<=t} (s q_t * exp(b_t - b_s)) . k_s v_s with
+b_t = sum_{r<=t} g_r. State bound: |S_t| <= max_s |k_s| |v_s|^T / (1 - alpha_max) entrywise
+(proofs/gated-state-bound.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..forms import linear_recurrence
+from .spec import Variant
+
+
+def gate_from_logits(ar: Any, z: Any) -> Any:
+    """logsigmoid(z) = min(z, 0) - log(1 + exp(-|z|)), computed without overflow."""
+    return ar.minimum(z, 0.0) - ar.log(1.0 + ar.exp(-ar.abs(z)))
+
+
+def reference(ar: Any, q: Any, k: Any, v: Any, *, causal: bool, g: Any, scale: float, gate_tau: float) -> Any:
+    """The definition: the state recurrence, one token at a time (arithmetic-generic)."""
+    alpha = ar.exp(g / gate_tau)
+    B, H, N, dk = q.shape
+    state = ar.zeros((B, H, dk, v.shape[-1]))
+    outs = []
+    for t in range(N):
+        state = alpha[:, :, t, :, None] * state + k[:, :, t, :, None] * v[:, :, t, None, :]
+        outs.append(ar.matmul(q[:, :, t, None, :] * scale, state)[:, :, 0, :])
+    return ar.stack(outs, axis=2)
+
+
+def torch_forward(
+    q: Any, k: Any, v: Any, *, causal: bool, form: str, chunk_size: int, g: Any, scale: float, gate_tau: float
+) -> Any:
+    return linear_recurrence(q * scale, k, v, g / gate_tau, causal=True, form=form, chunk_size=chunk_size)
+
+
+VARIANTS = [
+    Variant(
+        name="gla",
+        family="gla",
+        summary="gated linear attention, per-channel data-dependent decay",
+        source="Yang et al. 2024, Gated Linear Attention Transformers with Hardware-Efficient Training",
+        params={"scale": 1.0, "gate_tau": 1.0},
+        forms=("chunked", "recurrent", "parallel"),
+        declares=frozenset({"causal", "causal-only", "bounded-state", "gated"}),
+        reference_fn=reference,
+        torch_fn=torch_forward,
+        inputs=("g",),
+    )
+]

@@ -1,0 +1,87 @@
+"""Linear attention (Katharopoulos et al. 2020, "Transformers are RNNs").
+
+Normalised:   o_i = phi(q_i)^T S / phi(q_i)^T z,  S = sum_j phi(k_j) v_j^T,  z = sum_j phi(k_j)
+              (causal: sums over j <= i), i.e. (A V) / (A 1) with A = phi(Q) phi(K)^T (masked).
+              ``eps`` is added to the denominator (fast-transformers uses 1e-6; default 0, the definition).
+Unnormalised: O = A V / c (no denominator; its scale grows with N).
+
+phi is elu+1 (positive) or relu (non-negative: a denominator can vanish, and the output is then
+undefined). The torch forms are the parallel, recurrent and chunked forms of gramcheck.forms; none
+materialises N x N.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..featuremaps import elementwise
+from ..forms import linear_recurrence
+from ..torch_arith import TORCH
+from .common import kernel_matrix, ref_normalised, torch_normalised
+from .spec import Variant
+
+LINEAR_FORMS = ("chunked", "recurrent", "parallel")
+
+
+def reference_normalised(ar: Any, q: Any, k: Any, v: Any, *, causal: bool, feature: str, eps: float) -> Any:
+    phi = elementwise(feature)
+    return ref_normalised(ar, phi(ar, q), phi(ar, k), v, causal=causal, eps=eps)
+
+
+def torch_normalised_forward(
+    q: Any, k: Any, v: Any, *, causal: bool, form: str, chunk_size: int, feature: str, eps: float
+) -> Any:
+    phi = elementwise(feature)
+    return torch_normalised(phi(TORCH, q), phi(TORCH, k), v, causal=causal, form=form, chunk_size=chunk_size, eps=eps)
+
+
+def reference_unnormalised(ar: Any, q: Any, k: Any, v: Any, *, causal: bool, feature: str, divisor: float) -> Any:
+    phi = elementwise(feature)
+    return ar.matmul(kernel_matrix(ar, phi(ar, q), phi(ar, k), causal), v) / divisor
+
+
+def torch_unnormalised_forward(
+    q: Any, k: Any, v: Any, *, causal: bool, form: str, chunk_size: int, feature: str, divisor: float
+) -> Any:
+    phi = elementwise(feature)
+    out = linear_recurrence(phi(TORCH, q), phi(TORCH, k), v, causal=causal, form=form, chunk_size=chunk_size)
+    return out / divisor
+
+
+_NORMALISED_TAGS = frozenset({"causal", "normalised-rows", "convex-hull", "permutation-equivariant"})
+
+VARIANTS = [
+    Variant(
+        name="linear-elu",
+        family="linear",
+        summary="normalised linear attention with phi = elu + 1",
+        source="Katharopoulos et al. 2020",
+        params={"feature": "elu1", "eps": 0.0},
+        forms=LINEAR_FORMS,
+        declares=_NORMALISED_TAGS,
+        reference_fn=reference_normalised,
+        torch_fn=torch_normalised_forward,
+    ),
+    Variant(
+        name="linear-relu",
+        family="linear",
+        summary="normalised linear attention with phi = relu (denominators can vanish)",
+        source="Katharopoulos et al. 2020 (relu feature map)",
+        params={"feature": "relu", "eps": 0.0},
+        forms=LINEAR_FORMS,
+        declares=_NORMALISED_TAGS,
+        reference_fn=reference_normalised,
+        torch_fn=torch_normalised_forward,
+    ),
+    Variant(
+        name="linear-unnormalised",
+        family="linear",
+        summary="phi(Q) (phi(K)^T V) / c with no denominator",
+        source="Katharopoulos et al. 2020 without normaliser; fla naive linear attention",
+        params={"feature": "elu1", "divisor": 1.0},
+        forms=LINEAR_FORMS,
+        declares=frozenset({"causal", "permutation-equivariant"}),
+        reference_fn=reference_unnormalised,
+        torch_fn=torch_unnormalised_forward,
+    ),
+]

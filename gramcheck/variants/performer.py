@@ -1,0 +1,59 @@
+"""Performer FAVOR+ (Choromanski et al., ICLR 2021): normalised linear attention whose features are
+random features of the softmax kernel, phi(q)^T phi(k) ~ exp(scale q.k) (gramcheck.featuremaps.favor).
+
+The random matrix is an input, ``projection`` (m, d_k), drawn by ``featuremaps.random_projection``
+(iid or orthogonal), so that the reference and the torch forms evaluate the same draw. Positive and
+hyperbolic features keep every row weight positive; trigonometric features can give negative weights
+and vanishing denominators where the kernel is small (Lemma 2).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..featuremaps import favor
+from ..torch_arith import TORCH
+from .common import ref_normalised, torch_normalised
+from .linear import LINEAR_FORMS
+from .spec import Variant
+
+
+def _features(ar: Any, q: Any, k: Any, w: Any, p: dict[str, Any]) -> tuple[Any, Any]:
+    kw = {"kind": p["kind"], "scale": p["scale"], "stabilize": p["stabilize"], "feature_eps": p["feature_eps"]}
+    return favor(ar, q, w, is_query=True, **kw), favor(ar, k, w, is_query=False, **kw)
+
+
+def reference(ar: Any, q: Any, k: Any, v: Any, *, causal: bool, projection: Any, eps: float, **p: Any) -> Any:
+    fq, fk = _features(ar, q, k, projection, p)
+    return ref_normalised(ar, fq, fk, v, causal=causal, eps=eps)
+
+
+def torch_forward(
+    q: Any, k: Any, v: Any, *, causal: bool, form: str, chunk_size: int, projection: Any, eps: float, **p: Any
+) -> Any:
+    fq, fk = _features(TORCH, q, k, projection.to(dtype=q.dtype, device=q.device), p)
+    return torch_normalised(fq, fk, v, causal=causal, form=form, chunk_size=chunk_size, eps=eps)
+
+
+def _variant(kind: str, summary: str, tags: frozenset[str]) -> Variant:
+    return Variant(
+        name=f"performer-{kind}",
+        family="performer",
+        summary=summary,
+        source="Choromanski et al. 2021, Rethinking Attention with Performers",
+        params={"kind": kind, "scale": None, "stabilize": True, "feature_eps": 0.0, "eps": 0.0},
+        forms=LINEAR_FORMS,
+        declares=tags | {"causal", "permutation-equivariant", "random-features"},
+        reference_fn=reference,
+        torch_fn=torch_forward,
+        inputs=("projection",),
+    )
+
+
+_POSITIVE = frozenset({"normalised-rows", "convex-hull"})
+
+VARIANTS = [
+    _variant("positive", "FAVOR+ with positive random features exp(w.x - |x|^2/2)", _POSITIVE),
+    _variant("hyperbolic", "FAVOR+ with hyperbolic (paired exp(+-w.x)) random features", _POSITIVE),
+    _variant("trig", "FAVOR+ with trigonometric random features (weights may be negative)", frozenset()),
+]

@@ -1,0 +1,78 @@
+"""RetNet retention (Sun et al. 2023, "Retentive Network").
+
+Parallel (the definition used here): O = ((s Q K^T) * D) V with D_nm = gamma_h^{n-m} for n >= m, else 0;
+recurrent: S_n = gamma S_{n-1} + k_n v_n^T, o_n = S_n^T (s q_n); chunked as in gramcheck.forms.
+Per-head decay gamma_h = 1 - 2^{-5-h}, h = 0..H-1 (or ``gamma``: one value, or one per head);
+s = 1/sqrt(d_k) by default (as fla's naive_retention). ``group_norm`` applies the paper's GroupNorm
+(one group per head, no affine) to each head's output, which makes it invariant to scaling V.
+xPos rotation of q, k is left to the caller (it is an input transformation).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ..forms import linear_recurrence
+from .common import causal_keep, standardise
+from .spec import Variant
+
+
+def head_gammas(n_heads: int, gamma: Any = None) -> np.ndarray:
+    """gamma_h = 1 - 2^{-5-h} (exact in float64), or the given value(s), validated to lie in (0, 1]."""
+    if gamma is None:
+        out = 1.0 - np.exp2(-5.0 - np.arange(n_heads))
+    else:
+        values = np.asarray(gamma, dtype=np.float64).reshape(-1)
+        if values.size not in (1, n_heads):
+            raise ValueError(f"gamma: got {values.size} values; expected 1 or one per head ({n_heads})")
+        out = np.broadcast_to(values, (n_heads,)).copy()
+    if not np.all((out > 0) & (out <= 1)):
+        raise ValueError(f"gamma: got {out.tolist()}; expected decays in (0, 1]")
+    return out
+
+
+def reference(
+    ar: Any, q: Any, k: Any, v: Any, *, causal: bool, gamma: Any, scale: float | None, group_norm: bool, norm_eps: float
+) -> Any:
+    B, H, N, dk = q.shape
+    s = 1.0 / ar.sqrt(ar.const(dk)) if scale is None else scale
+    lags = np.arange(N)[:, None] - np.arange(N)[None, :]
+    keep = causal_keep(N)
+    log_gamma = ar.log(ar.asarray(head_gammas(H, gamma)))[:, None, None]  # (H, 1, 1)
+    decay = ar.fill(ar.exp(log_gamma * ar.asarray(np.where(keep, lags, 0).astype(np.float64))), keep, 0.0)
+    out = ar.matmul(ar.matmul(q, ar.mT(k)) * s * decay, v)
+    return standardise(ar, out, norm_eps) if group_norm else out
+
+
+def torch_forward(
+    q: Any, k: Any, v: Any, *, causal: bool, form: str, chunk_size: int, gamma: Any, scale: float | None,
+    group_norm: bool, norm_eps: float,
+) -> Any:
+    import torch
+
+    from ..torch_arith import TORCH
+
+    B, H, N, dk = q.shape
+    s = 1.0 / math.sqrt(dk) if scale is None else scale
+    lg = torch.as_tensor(np.log(head_gammas(H, gamma)), dtype=torch.promote_types(q.dtype, torch.float32))
+    g = lg.to(q.device).reshape(1, H, 1, 1).expand(B, H, N, 1)
+    out = linear_recurrence(q * s, k, v, g, causal=True, form=form, chunk_size=chunk_size)
+    return standardise(TORCH, out, norm_eps) if group_norm else out
+
+
+VARIANTS = [
+    Variant(
+        name="retnet",
+        family="retnet",
+        summary="retention with per-head decay gamma_h = 1 - 2^(-5-h), optional GroupNorm",
+        source="Sun et al. 2023, Retentive Network",
+        params={"gamma": None, "scale": None, "group_norm": False, "norm_eps": 1e-5},
+        forms=("chunked", "recurrent", "parallel"),
+        declares=frozenset({"causal", "causal-only", "bounded-state"}),
+        reference_fn=reference,
+        torch_fn=torch_forward,
+    )
+]

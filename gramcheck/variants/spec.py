@@ -1,0 +1,123 @@
+"""The ``Variant`` record: one attention variant's hyperparameters, forms, declared properties, its
+reference (arithmetic-generic) and its torch implementation."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..arith import F64
+from ..validation import check_choice, check_positive_int, check_qkv
+
+# property tags a variant may declare (the property catalogue keys on them)
+TAGS = (
+    "causal",  # supports causal masking: future tokens cannot change past outputs
+    "causal-only",  # has no non-causal mode
+    "normalised-rows",  # attention rows are non-negative and sum to one
+    "convex-hull",  # each output lies in the convex hull of the values
+    "permutation-equivariant",  # non-causal: permuting (K, V) rows together changes nothing
+    "bounded-state",  # gated recurrence with |S_t| <= max|k v^T| / (1 - alpha_max)
+    "qk-scale-invariant",  # output unchanged when q or k rows are scaled by positive constants
+    "v-scale-invariant",  # output unchanged when v is scaled by a positive constant (output norm)
+    "random-features",  # takes a random matrix ``projection`` (m, d_k)
+    "gated",  # takes log-decays ``g``
+    "materialises-nxn",  # the production form is quadratic in N by definition
+)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """An attention variant. ``reference(ar, q, k, v, causal=..., **params)`` evaluates the definition
+    in arithmetic ``ar`` on lifted arrays; ``torch_fn(q, k, v, causal=..., form=..., chunk_size=...,
+    **params)`` is the production form. Both take the extra inputs named in ``inputs`` as keywords."""
+
+    name: str
+    family: str
+    summary: str
+    source: str
+    params: Mapping[str, Any]
+    forms: tuple[str, ...]
+    declares: frozenset[str]
+    reference_fn: Callable[..., Any] = field(repr=False)
+    torch_fn: Callable[..., Any] = field(repr=False)
+    inputs: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        unknown = set(self.declares) - set(TAGS)
+        if unknown:
+            raise ValueError(f"declares: unknown tags {sorted(unknown)}; expected a subset of {TAGS}")
+
+    # --------------------------------------------------------------------------------------------
+    def resolve_params(self, overrides: Mapping[str, Any]) -> dict[str, Any]:
+        """Defaults updated by ``overrides``; an unknown name is a ValueError naming it."""
+        unknown = set(overrides) - set(self.params)
+        if unknown:
+            raise ValueError(
+                f"{sorted(unknown)[0]}: not a hyperparameter of variant {self.name!r}; "
+                f"expected one of {sorted(self.params) or '(none)'}"
+            )
+        return {**self.params, **overrides}
+
+    def _split(self, kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        extras = {k: kwargs[k] for k in self.inputs if k in kwargs}
+        missing = [k for k in self.inputs if extras.get(k) is None]
+        if missing:
+            raise ValueError(f"{missing[0]}: required by variant {self.name!r} and missing")
+        params = self.resolve_params({k: v for k, v in kwargs.items() if k not in self.inputs})
+        return params, extras
+
+    def check_causal(self, causal: bool) -> None:
+        if not causal and "causal-only" in self.declares:
+            raise ValueError(f"causal: got False; variant {self.name!r} is causal-only")
+
+    def reference(self, q: Any, k: Any, v: Any, *, causal: bool = False, arith: Any = F64, **kwargs: Any) -> Any:
+        """Evaluate the definition on float64 NumPy inputs in arithmetic ``arith``; returns that
+        arithmetic's array (an ndarray for F64 and MP, a Ball for the ball arithmetics)."""
+        import numpy as np
+
+        params, extras = self._split(kwargs)
+        self.check_causal(causal)
+        check_qkv(q, k, v, **extras)
+        with arith.context():
+            lifted = {n: arith.asarray(np.asarray(x, dtype=np.float64)) for n, x in extras.items()}
+            return self.reference_fn(
+                arith,
+                arith.asarray(np.asarray(q, dtype=np.float64)),
+                arith.asarray(np.asarray(k, dtype=np.float64)),
+                arith.asarray(np.asarray(v, dtype=np.float64)),
+                causal=causal,
+                **params,
+                **lifted,
+            )
+
+    def torch(
+        self,
+        q: Any,
+        k: Any,
+        v: Any,
+        *,
+        causal: bool = False,
+        form: str | None = None,
+        chunk_size: int = 64,
+        **kwargs: Any,
+    ) -> Any:
+        """The torch form ``form`` (default: the first listed) in the inputs' dtype and device."""
+        params, extras = self._split(kwargs)
+        self.check_causal(causal)
+        form = self.forms[0] if form is None else check_choice("form", form, self.forms)
+        check_positive_int("chunk_size", chunk_size)
+        check_qkv(q, k, v, **extras)
+        return self.torch_fn(q, k, v, causal=causal, form=form, chunk_size=chunk_size, **params, **extras)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "family": self.family,
+            "summary": self.summary,
+            "source": self.source,
+            "params": dict(self.params),
+            "forms": list(self.forms),
+            "declares": sorted(self.declares),
+            "inputs": list(self.inputs),
+        }

@@ -1,0 +1,146 @@
+"""TransNormer (Qin et al., EMNLP 2022, "The Devil in Linear Transformer") and a write-up's variant.
+
+NormAttention:  O = Norm(phi(Q) (phi(K)^T V)), no denominator (causal: masked), phi = elu + 1;
+                Norm = RMSNorm  g x / sqrt(mean(x^2) + eps)  or SRMSNorm  x / sqrt(mean(x^2) + eps)
+                (no gain; TransNormerLLM). The output is invariant to scaling V (up to eps).
+DiagAttention:  softmax attention restricted to non-overlapping diagonal blocks of ``block_size``
+                tokens (causal: also j <= i), the paper's remedy for attention dilution.
+
+``gram-diag-subtracted`` is *not* the paper's method: it is what some write-ups describe as
+TransNormer's, O = tau (A - diag(A)) V with A = phi(Q) phi(K)^T (causal: strictly lower part), i.e.
+each token's own kernel term subtracted, scaled by a (learnable) temperature, with no normaliser.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ..featuremaps import elementwise
+from ..forms import linear_recurrence
+from ..torch_arith import TORCH
+from .common import causal_keep, kernel_matrix, masked_softmax, rms_normalise
+from .linear import LINEAR_FORMS
+from .spec import Variant
+
+NORMS = ("rmsnorm", "srmsnorm")
+
+
+# NormAttention ------------------------------------------------------------------------------------
+def _output_norm(ar: Any, x: Any, norm: str, gain: float, eps: float) -> Any:
+    if norm not in NORMS:
+        raise ValueError(f"norm: got {norm!r}; expected one of {NORMS}")
+    y = rms_normalise(ar, x, eps)
+    return y * gain if norm == "rmsnorm" else y
+
+
+def reference_norm(
+    ar: Any, q: Any, k: Any, v: Any, *, causal: bool, feature: str, norm: str, gain: float, norm_eps: float
+) -> Any:
+    phi = elementwise(feature)
+    u = ar.matmul(kernel_matrix(ar, phi(ar, q), phi(ar, k), causal), v)
+    return _output_norm(ar, u, norm, gain, norm_eps)
+
+
+def torch_norm(
+    q: Any, k: Any, v: Any, *, causal: bool, form: str, chunk_size: int, feature: str, norm: str, gain: float,
+    norm_eps: float,
+) -> Any:
+    phi = elementwise(feature)
+    u = linear_recurrence(phi(TORCH, q), phi(TORCH, k), v, causal=causal, form=form, chunk_size=chunk_size)
+    return _output_norm(TORCH, u, norm, gain, norm_eps)
+
+
+# DiagAttention ------------------------------------------------------------------------------------
+def block_keep(n: int, block_size: int, causal: bool) -> np.ndarray:
+    """(N, N) mask of the pairs in the same diagonal block (and j <= i when causal)."""
+    blk = np.arange(n) // block_size
+    keep = blk[:, None] == blk[None, :]
+    return keep & causal_keep(n) if causal else keep
+
+
+def reference_diag(ar: Any, q: Any, k: Any, v: Any, *, causal: bool, block_size: int, scale: float | None) -> Any:
+    s = 1.0 / ar.sqrt(ar.const(q.shape[-1])) if scale is None else scale
+    logits = ar.matmul(q, ar.mT(k)) * s
+    return ar.matmul(masked_softmax(ar, logits, block_keep(q.shape[-2], block_size, causal)), v)
+
+
+def torch_diag(
+    q: Any, k: Any, v: Any, *, causal: bool, form: str, chunk_size: int, block_size: int, scale: float | None
+) -> Any:
+    """Blocked computation: O(N w d) work, never N x N."""
+    import torch
+
+    from ..forms import _pad_chunks
+
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"block_size: got {block_size!r}; expected a positive integer")
+    n = q.shape[-2]
+    w = block_size
+    s = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    qb, kb, vb = _pad_chunks(q, w), _pad_chunks(k, w), _pad_chunks(v, w)
+    logits = (qb @ kb.transpose(-1, -2)) * s  # (B, H, nb, w, w)
+    pos = torch.arange(qb.shape[2] * w, device=q.device).reshape(-1, 1, w)
+    keep = pos < n  # padded keys get no weight
+    if causal:
+        keep = keep & torch.ones(w, w, dtype=torch.bool, device=q.device).tril()
+    logits = logits.masked_fill(~keep, -math.inf)
+    out = torch.softmax(logits, dim=-1) @ vb
+    return out.reshape(*q.shape[:2], -1, v.shape[-1])[:, :, :n]
+
+
+# the write-ups' diagonal-subtracted Gram ------------------------------------------------------------
+def reference_diag_subtracted(ar: Any, q: Any, k: Any, v: Any, *, causal: bool, feature: str, tau: float) -> Any:
+    """tau (A V - diag(A) V): the diagonal is subtracted, as the write-ups define it."""
+    phi = elementwise(feature)
+    fq, fk = phi(ar, q), phi(ar, k)
+    full = ar.matmul(kernel_matrix(ar, fq, fk, causal), v)
+    return (full - ar.sum(fq * fk, axis=-1, keepdims=True) * v) * tau
+
+
+def torch_diag_subtracted(
+    q: Any, k: Any, v: Any, *, causal: bool, form: str, chunk_size: int, feature: str, tau: float
+) -> Any:
+    phi = elementwise(feature)
+    fq, fk = phi(TORCH, q), phi(TORCH, k)
+    full = linear_recurrence(fq, fk, v, causal=causal, form=form, chunk_size=chunk_size)
+    return (full - (fq * fk).sum(-1, keepdim=True) * v) * tau
+
+
+VARIANTS = [
+    Variant(
+        name="transnormer-norm",
+        family="transnormer",
+        summary="NormAttention: RMSNorm/SRMSNorm of phi(Q)(phi(K)^T V), no denominator",
+        source="Qin et al. 2022, The Devil in Linear Transformer",
+        params={"feature": "elu1", "norm": "srmsnorm", "gain": 1.0, "norm_eps": 1e-6},
+        forms=LINEAR_FORMS,
+        declares=frozenset({"causal", "permutation-equivariant", "v-scale-invariant"}),
+        reference_fn=reference_norm,
+        torch_fn=torch_norm,
+    ),
+    Variant(
+        name="transnormer-diag",
+        family="transnormer",
+        summary="DiagAttention: softmax within non-overlapping diagonal blocks",
+        source="Qin et al. 2022, The Devil in Linear Transformer",
+        params={"block_size": 64, "scale": None},
+        forms=("parallel",),
+        declares=frozenset({"causal", "normalised-rows", "convex-hull"}),
+        reference_fn=reference_diag,
+        torch_fn=torch_diag,
+    ),
+    Variant(
+        name="gram-diag-subtracted",
+        family="transnormer",
+        summary="tau (A - diag A) V: the write-ups' 'TransNormer', not the paper's method",
+        source="popular write-ups (not Qin et al. 2022)",
+        params={"feature": "elu1", "tau": 1.0},
+        forms=LINEAR_FORMS,
+        declares=frozenset({"causal"}),
+        reference_fn=reference_diag_subtracted,
+        torch_fn=torch_diag_subtracted,
+    ),
+]

@@ -1,0 +1,47 @@
+import math
+
+import mpmath
+import pytest
+
+from gramcheck.precision import gamma, mp_precision, unit_roundoff
+
+
+@pytest.mark.parametrize(
+    "dtype,bits", [("float64", 53), ("float32", 24), ("tf32", 11), ("bfloat16", 8), ("float16", 11)]
+)
+def test_unit_roundoff_is_half_machine_epsilon(dtype, bits):
+    assert unit_roundoff(dtype) == 2.0**-bits
+
+
+def test_unit_roundoff_matches_numpy_and_torch_epsilon():
+    import numpy as np
+    import torch
+
+    assert unit_roundoff(np.float32) == np.finfo(np.float32).eps / 2
+    for t in (torch.float64, torch.float32, torch.bfloat16, torch.float16):
+        assert unit_roundoff(t) == torch.finfo(t).eps / 2
+
+
+def test_gamma_formula_and_domain():
+    u = 2.0**-24
+    assert gamma(10, "float32") == pytest.approx(10 * u / (1 - 10 * u), rel=1e-15)
+    assert gamma(0) == 0.0
+    assert gamma(2**24, "float32") == math.inf  # n u = 1: no bound of this form
+    with pytest.raises(ValueError, match="n"):
+        gamma(-1)
+
+
+def test_unknown_dtype_names_argument():
+    with pytest.raises(ValueError, match="dtype"):
+        unit_roundoff("int8")
+
+
+def test_mp_precision_restores_even_on_error():
+    before = mpmath.mp.prec
+    with mp_precision(200):
+        assert mpmath.mp.prec == 200
+    assert mpmath.mp.prec == before
+    with pytest.raises(RuntimeError):
+        with mp_precision(300):
+            raise RuntimeError("boom")
+    assert mpmath.mp.prec == before
