@@ -54,7 +54,9 @@ def check_agreement(
     bound = rounding_bound(variant, q, k, v, causal=causal, dtype=dtype, **kwargs)
     t = truth(variant, q, k, v, causal=causal, digits=None, atol=np.maximum(0.01 * bound, 1e-300), **kwargs)
     if out.shape != t.value.shape:
-        return Finding(name, False, float("inf"), 1.0, details={"error": f"output shape {out.shape}, expected {t.value.shape}"})
+        return Finding(
+            name, False, float("inf"), 1.0, details={"error": f"output shape {out.shape}, expected {t.value.shape}"}
+        )
     defined = ~t.undefined
     err = np.abs(out - t.value) + t.bound  # worst case over the truth's own uncertainty
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -62,14 +64,18 @@ def check_agreement(
     ratio = np.where(np.isnan(ratio), np.inf, ratio)
     worst = np.unravel_index(int(np.argmax(ratio)), ratio.shape)
     measured = float(ratio[worst])
-    bits = float(np.log2(max(np.max(np.where(defined, np.abs(out - t.value), 0.0)) / max(float(bound[worst]), 1e-300), 1.0)))
+    bits = float(
+        np.log2(max(np.max(np.where(defined, np.abs(out - t.value), 0.0)) / max(float(bound[worst]), 1e-300), 1.0))
+    )
     return Finding(
         name,
         bool(measured <= 1.0),
         measured,
         1.0,
         rigour="sampled",
-        counterexample=None if measured <= 1.0 else {"index": [int(i) for i in worst], "error": float(err[worst]), "bound": float(bound[worst])},
+        counterexample=None
+        if measured <= 1.0
+        else {"index": [int(i) for i in worst], "error": float(err[worst]), "bound": float(bound[worst])},
         details={
             "max_abs_error": float(np.max(np.where(defined, np.abs(out - t.value), 0.0))),
             "oracle": t.arithmetic,

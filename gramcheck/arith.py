@@ -457,12 +457,7 @@ class BallArith(Arith):
         n = np.shape(a.mid)[-1]
         y = np.matmul(a.mid, b.mid)
         aa, ab = np.abs(a.mid), np.abs(b.mid)
-        r = (
-            np.matmul(aa, b.rad)
-            + np.matmul(a.rad, ab + b.rad)
-            + self._gammas(n) * np.matmul(aa, ab)
-            + n * self._eta
-        )
+        r = np.matmul(aa, b.rad) + np.matmul(a.rad, ab + b.rad) + self._gammas(n) * np.matmul(aa, ab) + n * self._eta
         return Ball(self, y, self._inflate(r, n + 4))
 
 

@@ -12,9 +12,9 @@ from . import variants as _variants
 
 
 def _console():  # type: ignore[no-untyped-def]
-    from rich.console import Console
-
     import shutil
+
+    from rich.console import Console
 
     return Console(width=max(shutil.get_terminal_size((140, 40)).columns, 140))
 
@@ -46,8 +46,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
         d = f.details
         failed += not f.passed
         table.add_row(
-            d["variant"], d["form"], "causal" if d["causal"] else "full", d["dtype"], d["oracle"],
-            f"{d.get('max_abs_error', float('nan')):.2e}", f"{f.measured:.3f}",
+            d["variant"],
+            d["form"],
+            "causal" if d["causal"] else "full",
+            d["dtype"],
+            d["oracle"],
+            f"{d.get('max_abs_error', float('nan')):.2e}",
+            f"{f.measured:.3f}",
             "[green]pass[/green]" if f.passed else "[red]FAIL[/red]",
         )
     console = _console()

@@ -13,8 +13,9 @@ from .featuremaps import random_projection
 from .findings import Finding
 
 
-def demo_inputs(variant: Any, *, dtype: str, B: int = 1, H: int = 2, N: int = 32, d: int = 8, m: int = 16,
-                seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+def demo_inputs(
+    variant: Any, *, dtype: str, B: int = 1, H: int = 2, N: int = 32, d: int = 8, m: int = 16, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, np.ndarray]]:
     """Seeded Gaussian q, k, v (B, H, N, d) representable in ``dtype``, plus the variant's extra inputs
     (log-decays in [-0.5, 0), an orthogonal random matrix (m, d))."""
     var = _variants.get(variant)

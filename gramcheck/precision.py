@@ -56,9 +56,7 @@ def dtype_name(dtype: Any) -> str:
             name = str(dtype)
     name = _ALIASES.get(name, name)
     if name not in _BITS:
-        raise ValueError(
-            f"dtype: got {dtype!r}; expected one of {sorted(_BITS)} (or a numpy/torch float dtype)"
-        )
+        raise ValueError(f"dtype: got {dtype!r}; expected one of {sorted(_BITS)} (or a numpy/torch float dtype)")
     return name
 
 

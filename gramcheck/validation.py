@@ -62,16 +62,15 @@ def check_qkv(q: Any, k: Any, v: Any, **extras: Any) -> tuple[int, int, int, int
     if tuple(k.shape) != tuple(q.shape):
         raise ValueError(f"k: got shape {tuple(k.shape)}; expected the shape of q, {tuple(q.shape)} (B, H, N, d_k)")
     if tuple(v.shape[:3]) != (B, H, N):
-        raise ValueError(
-            f"v: got shape {tuple(v.shape)}; expected (B, H, N, d_v) = ({B}, {H}, {N}, d_v) to match q"
-        )
+        raise ValueError(f"v: got shape {tuple(v.shape)}; expected (B, H, N, d_v) = ({B}, {H}, {N}, d_v) to match q")
     tensors = [("q", q), ("k", k), ("v", v)]
     g = extras.get("g")
     if g is not None:
         check_array("g", g)
         if tuple(g.shape[:3]) != (B, H, N) or g.shape[3] not in (1, dk):
             raise ValueError(
-                f"g: got shape {tuple(g.shape)}; expected log-decays of shape ({B}, {H}, {N}, {dk}) or ({B}, {H}, {N}, 1)"
+                f"g: got shape {tuple(g.shape)}; expected log-decays of shape "
+                f"({B}, {H}, {N}, {dk}) or ({B}, {H}, {N}, 1)"
             )
         if bool((g > 0).any()):
             raise ValueError("g: has positive entries; expected log-decays g <= 0 (decay alpha = exp(g) in (0, 1])")
@@ -89,7 +88,9 @@ def _check_same_kind(tensors: list[tuple[str, Any]]) -> None:
     first_name, first = tensors[0]
     for name, x in tensors[1:]:
         if _is_torch(x) != _is_torch(first):
-            raise TypeError(f"{name}: is a {type(x).__name__} but {first_name} is a {type(first).__name__}; expected one kind")
+            raise TypeError(
+                f"{name}: is a {type(x).__name__} but {first_name} is a {type(first).__name__}; expected one kind"
+            )
         if _dtype_str(x) != _dtype_str(first):
             raise ValueError(f"{name}: got dtype {_dtype_str(x)}; expected {_dtype_str(first)} as {first_name}")
         if _is_torch(x) and x.device != first.device:

@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import numpy as np
 
-
 from gramcheck import variants as V
 from gramcheck.agreement import round_to
 from gramcheck.featuremaps import random_projection
@@ -29,5 +28,3 @@ def to_torch(x, dtype):
     import torch
 
     return torch.as_tensor(x).to(getattr(torch, dtype))
-
-

@@ -9,17 +9,14 @@ from helpers import causal_modes, make_inputs, to_torch
 from gramcheck import variants as V
 from gramcheck.agreement import check_agreement, rounding_bound
 
-CASES = [
-    (var.name, form, causal)
-    for var in V.list()
-    for form in var.forms
-    for causal in causal_modes(var.name)
-]
+CASES = [(var.name, form, causal) for var in V.list() for form in var.forms for causal in causal_modes(var.name)]
 
 
 def _run(var, form, causal, dtype, q, k, v, ex, chunk_size=7):
     t = {a: to_torch(b, dtype) for a, b in ex.items()}
-    out = var.torch(to_torch(q, dtype), to_torch(k, dtype), to_torch(v, dtype), causal=causal, form=form, chunk_size=chunk_size, **t)
+    out = var.torch(
+        to_torch(q, dtype), to_torch(k, dtype), to_torch(v, dtype), causal=causal, form=form, chunk_size=chunk_size, **t
+    )
     assert out.dtype == getattr(torch, dtype)
     return out.double().numpy()
 
@@ -48,7 +45,14 @@ def test_forms_agree_for_every_chunk_size(name):
     for causal in causal_modes(name):
         bound = rounding_bound(var, q, k, v, causal=causal, dtype="float32", **ex)
         base = _run(var, "recurrent", causal, "float32", q, k, v, ex)
-        for form, cs in [("chunked", 1), ("chunked", 7), ("chunked", N), ("chunked", 4), ("chunked", 64), ("parallel", 1)]:
+        for form, cs in [
+            ("chunked", 1),
+            ("chunked", 7),
+            ("chunked", N),
+            ("chunked", 4),
+            ("chunked", 64),
+            ("parallel", 1),
+        ]:
             other = _run(var, form, causal, "float32", q, k, v, ex, chunk_size=cs)
             assert np.all(np.abs(other - base) <= 2 * bound), (form, cs, causal, np.max(np.abs(other - base) / bound))
 

@@ -52,10 +52,23 @@ def test_retnet_group_norm_is_v_scale_invariant():
 
 def test_registry_lists_every_family():
     names = V.names()
-    for n in ["softmax", "linear-elu", "linear-relu", "linear-unnormalised", "performer-positive",
-              "performer-hyperbolic", "performer-trig", "qknorm-softmax", "qknorm-linear",
-              "qknorm-performer", "transnormer-norm", "transnormer-diag", "gram-diag-subtracted",
-              "gla", "retnet"]:
+    for n in [
+        "softmax",
+        "linear-elu",
+        "linear-relu",
+        "linear-unnormalised",
+        "performer-positive",
+        "performer-hyperbolic",
+        "performer-trig",
+        "qknorm-softmax",
+        "qknorm-linear",
+        "qknorm-performer",
+        "transnormer-norm",
+        "transnormer-diag",
+        "gram-diag-subtracted",
+        "gla",
+        "retnet",
+    ]:
         assert n in names
     d = V.get("gla").describe()
     assert d["forms"] == ["chunked", "recurrent", "parallel"] and "bounded-state" in d["declares"]

@@ -1,10 +1,9 @@
 import numpy as np
 import pytest
 import torch
+from helpers import make_inputs
 
 from gramcheck import variants as V
-
-from helpers import make_inputs
 
 
 @pytest.mark.parametrize("bad,arg", [(np.nan, "q"), (np.inf, "q")])

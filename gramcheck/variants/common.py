@@ -35,9 +35,7 @@ def ref_normalised(ar: Any, fq: Any, fk: Any, v: Any, *, causal: bool, eps: floa
     return ar.div(ar.matmul(a, v), ar.sum(a, axis=-1, keepdims=True) + eps)
 
 
-def torch_normalised(
-    fq: Any, fk: Any, v: Any, *, causal: bool, form: str, chunk_size: int, eps: float = 0.0
-) -> Any:
+def torch_normalised(fq: Any, fk: Any, v: Any, *, causal: bool, form: str, chunk_size: int, eps: float = 0.0) -> Any:
     """The same quotient computed by one pass of a linear form over [V, 1] (numerator and denominator
     share every rounding pattern of the form)."""
     from ..forms import linear_recurrence

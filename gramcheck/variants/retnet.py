@@ -48,8 +48,17 @@ def reference(
 
 
 def torch_forward(
-    q: Any, k: Any, v: Any, *, causal: bool, form: str, chunk_size: int, gamma: Any, scale: float | None,
-    group_norm: bool, norm_eps: float,
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    causal: bool,
+    form: str,
+    chunk_size: int,
+    gamma: Any,
+    scale: float | None,
+    group_norm: bool,
+    norm_eps: float,
 ) -> Any:
     import torch
 

@@ -45,7 +45,16 @@ def reference_norm(
 
 
 def torch_norm(
-    q: Any, k: Any, v: Any, *, causal: bool, form: str, chunk_size: int, feature: str, norm: str, gain: float,
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    causal: bool,
+    form: str,
+    chunk_size: int,
+    feature: str,
+    norm: str,
+    gain: float,
     norm_eps: float,
 ) -> Any:
     phi = elementwise(feature)
