@@ -8,8 +8,8 @@ log-decays g (B, H, N, d_k) or (B, H, N, 1), g <= 0, b_t = sum_{s<=t} g_s:
     non-causal: o_t = sum_s (q_t . k_s) v_s = q_t^T (K^T V)         (no decay)
 
 Three forms compute it:
-* ``parallel``: non-causal q (K^T V) in O(N d_k d_v); causal (gated variants only) the quadratic
-  masked form ((Q K^T) * D) V with the decay matrix D, which materialises N x N.
+* ``parallel``: non-causal q (K^T V) in O(N d_k d_v) (cumsum-free); causal only for the gated variants,
+  as the quadratic masked form ((Q K^T) * D) V with the decay matrix D, which materialises N x N.
 * ``recurrent``: the state recurrence, one token at a time.
 * ``chunked``: exact inter-chunk states plus the masked product inside each chunk of ``chunk_size``
   tokens (any size >= 1; the last chunk may be short). Decays enter only as exp(b_t - b_s) with
@@ -84,7 +84,7 @@ def parallel(q: Any, k: Any, v: Any, g: Any = None, *, causal: bool) -> Any:
     n = q.shape[-2]
     mask = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
     if g is None:
-        return ((q @ k.transpose(-1, -2)) * mask.to(q.dtype)) @ v
+        raise ValueError("form: 'parallel' is non-causal for ungated linear attention; use 'chunked' or 'recurrent'")
     b = g.to(_gate_dtype(g)).cumsum(-2)
     return _decayed_scores(q, k, b, b, mask) @ v
 

@@ -9,7 +9,9 @@ from helpers import causal_modes, make_inputs, to_torch
 from gramcheck import variants as V
 from gramcheck.agreement import check_agreement, rounding_bound
 
-CASES = [(var.name, form, causal) for var in V.list() for form in var.forms for causal in causal_modes(var.name)]
+CASES = [
+    (var.name, form, causal) for var in V.list() for causal in causal_modes(var.name) for form in var.forms_for(causal)
+]
 
 
 def _run(var, form, causal, dtype, q, k, v, ex, chunk_size=7):
@@ -53,6 +55,8 @@ def test_forms_agree_for_every_chunk_size(name):
             ("chunked", 64),
             ("parallel", 1),
         ]:
+            if form not in var.forms_for(causal):
+                continue
             other = _run(var, form, causal, "float32", q, k, v, ex, chunk_size=cs)
             assert np.all(np.abs(other - base) <= 2 * bound), (form, cs, causal, np.max(np.abs(other - base) / bound))
 

@@ -59,3 +59,10 @@ def test_unknown_names():
         V.get("softmax").torch(torch.tensor(q), torch.tensor(k), torch.tensor(v), form="fused")
     with pytest.raises(ValueError, match="^chunk_size: got 0"):
         V.get("linear-elu").torch(torch.tensor(q), torch.tensor(k), torch.tensor(v), chunk_size=0)
+
+
+def test_causal_parallel_linear_form_is_refused():
+    """The ungated parallel form is non-causal only: a causal one would materialise N x N."""
+    q, k, v, _ = make_inputs("linear-elu")
+    with pytest.raises(ValueError, match="^form: 'parallel' of variant 'linear-elu' is non-causal only"):
+        V.get("linear-elu").torch(torch.tensor(q), torch.tensor(k), torch.tensor(v), causal=True, form="parallel")

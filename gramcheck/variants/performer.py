@@ -43,6 +43,7 @@ def _variant(kind: str, summary: str, tags: frozenset[str]) -> Variant:
         source="Choromanski et al. 2021, Rethinking Attention with Performers",
         params={"kind": kind, "scale": None, "stabilize": True, "feature_eps": 0.0, "eps": 0.0},
         forms=LINEAR_FORMS,
+        noncausal_only=("parallel",),
         declares=tags | {"causal", "permutation-equivariant", "random-features"},
         reference_fn=reference,
         torch_fn=torch_forward,

@@ -42,6 +42,7 @@ class Variant:
     reference_fn: Callable[..., Any] = field(repr=False)
     torch_fn: Callable[..., Any] = field(repr=False)
     inputs: tuple[str, ...] = ()
+    noncausal_only: tuple[str, ...] = ()  # forms that exist only without the causal mask
 
     def __post_init__(self) -> None:
         unknown = set(self.declares) - set(TAGS)
@@ -66,6 +67,10 @@ class Variant:
             raise ValueError(f"{missing[0]}: required by variant {self.name!r} and missing")
         params = self.resolve_params({k: v for k, v in kwargs.items() if k not in self.inputs})
         return params, extras
+
+    def forms_for(self, causal: bool) -> tuple[str, ...]:
+        """The torch forms available in this mode."""
+        return tuple(f for f in self.forms if not (causal and f in self.noncausal_only))
 
     def check_causal(self, causal: bool) -> None:
         if not causal and "causal-only" in self.declares:
@@ -106,6 +111,11 @@ class Variant:
         params, extras = self._split(kwargs)
         self.check_causal(causal)
         form = self.forms[0] if form is None else check_choice("form", form, self.forms)
+        if form not in self.forms_for(causal):
+            raise ValueError(
+                f"form: {form!r} of variant {self.name!r} is non-causal only (it would materialise N x N); "
+                f"expected one of {self.forms_for(causal)} with causal=True"
+            )
         check_positive_int("chunk_size", chunk_size)
         check_qkv(q, k, v, **extras)
         return self.torch_fn(q, k, v, causal=causal, form=form, chunk_size=chunk_size, **params, **extras)
