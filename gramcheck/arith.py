@@ -102,9 +102,7 @@ class _MPBackend:
 
     def asarray(self, x: Any) -> np.ndarray:
         arr = np.asarray(x)
-        if arr.dtype == object:
-            return np.vectorize(mpmath.mpf, otypes=[object])(arr)
-        return self._to_mpf(np.asarray(arr, dtype=np.float64))
+        return self._to_mpf(arr if arr.dtype == object else np.asarray(arr, dtype=np.float64))
 
     def to_float64(self, x: Any) -> np.ndarray:
         with np.errstate(invalid="ignore", over="ignore"):

@@ -103,12 +103,12 @@ def truth(
             value = ar.b.to_float64(mid)
             undefined = ~np.isfinite(value) & _nonfinite_mid(mid)
             # |float64(mid) - exact| <= rad + |mid - float64(mid)|
-            bound = ar.radius(ball) + np.abs(ar.b.to_float64(mid - ar.b.asarray(np.where(undefined, 0.0, value))))
+            rad = ar.radius(ball)
+            bound = rad + np.abs(ar.b.to_float64(mid - ar.b.asarray(np.where(undefined, 0.0, value))))
         bound = np.where(undefined, np.inf, bound)
         tol = _tolerance(np.where(undefined, 0.0, value), digits, atol)
         # the float64 rounding of the value is part of the bound; a request finer than float64 can hold
         # is met when the mpmath radius alone meets it
-        rad = ar.radius(ball)
         met = bool(np.all((rad <= tol) | undefined))
         if met or prec * 2 > max_prec:
             return Truth(value, bound, ar.name, prec, met, undefined, tried)

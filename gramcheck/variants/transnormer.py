@@ -21,6 +21,7 @@ import numpy as np
 from ..featuremaps import elementwise
 from ..forms import linear_recurrence
 from ..torch_arith import TORCH
+from ..validation import check_positive_int
 from .common import causal_keep, kernel_matrix, masked_softmax, rms_normalise
 from .linear import LINEAR_FORMS
 from .spec import Variant
@@ -84,8 +85,7 @@ def torch_diag(
 
     from ..forms import _pad_chunks
 
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-        raise ValueError(f"block_size: got {block_size!r}; expected a positive integer")
+    check_positive_int("block_size", block_size)
     n = q.shape[-2]
     w = block_size
     s = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
