@@ -30,13 +30,6 @@ def rounding_bound(variant: Any, q: Any, k: Any, v: Any, *, causal: bool, dtype:
     return REASSOCIATION_FACTOR * model.radius(ball)
 
 
-def round_to(x: np.ndarray, dtype: Any) -> np.ndarray:
-    """x rounded to ``dtype`` and returned as float64 (so the reference sees the target's exact input)."""
-    import torch
-
-    return torch.as_tensor(np.asarray(x, dtype=np.float64)).to(getattr(torch, dtype_name(dtype))).double().numpy()
-
-
 def check_agreement(
     name: str,
     output: np.ndarray,

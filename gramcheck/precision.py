@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import mpmath
+import numpy as np
 
 # significand bits including the implicit bit
 _BITS: dict[str, int] = {
@@ -49,8 +50,6 @@ def dtype_name(dtype: Any) -> str:
         name = str(dtype).removeprefix("torch.")
     else:
         try:  # numpy dtypes and scalar types
-            import numpy as np
-
             name = np.dtype(dtype).name
         except TypeError:
             name = str(dtype)
@@ -80,6 +79,38 @@ def gamma(n: int | float, dtype: Any = "float64", *, u: float | None = None) -> 
     if nu >= 1.0:
         return math.inf
     return nu / (1.0 - nu)
+
+
+# (exponent of the smallest subnormal, largest finite value) per format
+_RANGE: dict[str, tuple[int, float]] = {
+    "float64": (-1074, float(np.finfo(np.float64).max)),
+    "float32": (-149, float(np.finfo(np.float32).max)),
+    "tf32": (-149, float(np.finfo(np.float32).max)),
+    "bfloat16": (-133, math.ldexp(255.0, 120)),
+    "float16": (-24, 65504.0),
+}
+
+
+def max_finite(dtype: Any) -> float:
+    """The largest finite value of the format."""
+    return _RANGE[dtype_name(dtype)][1]
+
+
+def round_to(x: Any, dtype: Any) -> np.ndarray:
+    """x (float64) rounded to the nearest value of ``dtype`` (ties to even, subnormals kept, overflow to
+    +-inf), returned as float64 so a reference evaluates exactly what a target in ``dtype`` receives.
+    NumPy only: p significand bits and the subnormal exponent define the grid."""
+    name = dtype_name(dtype)
+    x = np.asarray(x, dtype=np.float64)
+    if name == "float64":
+        return x.copy()
+    sub_exp, big = _RANGE[name]
+    p = _BITS[name]
+    with np.errstate(over="ignore", invalid="ignore"):
+        _, e = np.frexp(x)  # x = f 2^e, 0.5 <= |f| < 1
+        step = np.maximum(e.astype(np.int64) - p, sub_exp)  # spacing 2^step of the grid near x
+        out = np.ldexp(np.round(np.ldexp(x, -step)), step)  # np.round: half to even
+        return np.where(np.abs(out) > big, np.copysign(np.inf, x), out)
 
 
 def bits_for_digits(digits: float) -> int:

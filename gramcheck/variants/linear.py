@@ -48,6 +48,12 @@ def torch_unnormalised_forward(
     return out / divisor
 
 
+def features(ar: Any, q: Any, k: Any, *, feature: str, **_: Any) -> tuple[Any, Any]:
+    """(phi(Q), phi(K)) with the elementwise feature map ``feature``."""
+    phi = elementwise(feature)
+    return phi(ar, q), phi(ar, k)
+
+
 _NORMALISED_TAGS = frozenset({"causal", "normalised-rows", "convex-hull", "permutation-equivariant"})
 
 VARIANTS = [
@@ -62,6 +68,7 @@ VARIANTS = [
         declares=_NORMALISED_TAGS,
         reference_fn=reference_normalised,
         torch_fn=torch_normalised_forward,
+        features_fn=features,
     ),
     Variant(
         name="linear-relu",
@@ -74,6 +81,7 @@ VARIANTS = [
         declares=_NORMALISED_TAGS,
         reference_fn=reference_normalised,
         torch_fn=torch_normalised_forward,
+        features_fn=features,
     ),
     Variant(
         name="linear-unnormalised",
@@ -86,5 +94,6 @@ VARIANTS = [
         declares=frozenset({"causal", "permutation-equivariant"}),
         reference_fn=reference_unnormalised,
         torch_fn=torch_unnormalised_forward,
+        features_fn=features,
     ),
 ]

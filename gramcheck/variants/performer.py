@@ -28,6 +28,11 @@ def reference(ar: Any, q: Any, k: Any, v: Any, *, causal: bool, projection: Any,
     return ref_normalised(ar, fq, fk, v, causal=causal, eps=eps)
 
 
+def features(ar: Any, q: Any, k: Any, *, projection: Any, eps: float, **p: Any) -> tuple[Any, Any]:
+    """Unstabilised features: phi(Q) phi(K)^T is the estimate of exp(scale Q K^T) itself."""
+    return _features(ar, q, k, projection, {**p, "stabilize": False})
+
+
 def torch_forward(
     q: Any, k: Any, v: Any, *, causal: bool, form: str, chunk_size: int, projection: Any, eps: float, **p: Any
 ) -> Any:
@@ -48,6 +53,7 @@ def _variant(kind: str, summary: str, tags: frozenset[str]) -> Variant:
         reference_fn=reference,
         torch_fn=torch_forward,
         inputs=("projection",),
+        features_fn=features,
     )
 
 

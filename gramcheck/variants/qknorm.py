@@ -55,9 +55,14 @@ def torch_softmax(q: Any, k: Any, v: Any, *, causal: bool, form: str, chunk_size
 
 # elu+1 linear kernel --------------------------------------------------------------------------------
 def reference_linear(ar: Any, q: Any, k: Any, v: Any, *, causal: bool, **p: Any) -> Any:
+    fq, fk = features_linear(ar, q, k, **p)
+    return ref_normalised(ar, fq, fk, v, causal=causal)
+
+
+def features_linear(ar: Any, q: Any, k: Any, **p: Any) -> tuple[Any, Any]:
     qn, kn = _normed(ar, q, k, p)
     phi = elementwise("elu1")
-    return ref_normalised(ar, phi(ar, qn), phi(ar, kn), v, causal=causal)
+    return phi(ar, qn), phi(ar, kn)
 
 
 def torch_linear(q: Any, k: Any, v: Any, *, causal: bool, form: str, chunk_size: int, **p: Any) -> Any:
@@ -67,11 +72,20 @@ def torch_linear(q: Any, k: Any, v: Any, *, causal: bool, form: str, chunk_size:
 
 
 # FAVOR+ positive kernel -----------------------------------------------------------------------------
-def reference_performer(ar: Any, q: Any, k: Any, v: Any, *, causal: bool, projection: Any, **p: Any) -> Any:
+def features_performer(ar: Any, q: Any, k: Any, *, projection: Any, stabilize: bool = True, **p: Any) -> Any:
     qn, kn = _normed(ar, q, k, p)
-    fq = favor(ar, qn, projection, kind="positive", is_query=True, scale=1.0)
-    fk = favor(ar, kn, projection, kind="positive", is_query=False, scale=1.0)
+    fq = favor(ar, qn, projection, kind="positive", is_query=True, scale=1.0, stabilize=stabilize)
+    fk = favor(ar, kn, projection, kind="positive", is_query=False, scale=1.0, stabilize=stabilize)
+    return fq, fk
+
+
+def reference_performer(ar: Any, q: Any, k: Any, v: Any, *, causal: bool, projection: Any, **p: Any) -> Any:
+    fq, fk = features_performer(ar, q, k, projection=projection, **p)
     return ref_normalised(ar, fq, fk, v, causal=causal)
+
+
+def _gram_performer(ar: Any, q: Any, k: Any, *, projection: Any, **p: Any) -> Any:
+    return features_performer(ar, q, k, projection=projection, stabilize=False, **p)
 
 
 def torch_performer(
@@ -110,6 +124,7 @@ VARIANTS = [
         declares=_TAGS,
         reference_fn=reference_linear,
         torch_fn=torch_linear,
+        features_fn=features_linear,
     ),
     Variant(
         name="qknorm-performer",
@@ -123,5 +138,6 @@ VARIANTS = [
         reference_fn=reference_performer,
         torch_fn=torch_performer,
         inputs=("projection",),
+        features_fn=_gram_performer,
     ),
 ]

@@ -43,6 +43,8 @@ class Variant:
     torch_fn: Callable[..., Any] = field(repr=False)
     inputs: tuple[str, ...] = ()
     noncausal_only: tuple[str, ...] = ()  # forms that exist only without the causal mask
+    # (ar, q, k, **params, **extras) -> (phi(Q), phi(K)): the Gram factors, for variants that have them
+    features_fn: Callable[..., Any] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         unknown = set(self.declares) - set(TAGS)
@@ -94,6 +96,22 @@ class Variant:
                 causal=causal,
                 **params,
                 **lifted,
+            )
+
+    def features(self, q: Any, k: Any, *, arith: Any = F64, **kwargs: Any) -> tuple[Any, Any]:
+        """(phi(Q), phi(K)), each (B, H, N, m), whose product phi(Q) phi(K)^T is the variant's
+        (unmasked, unnormalised) Gram matrix, evaluated in ``arith`` on float64 inputs."""
+        import numpy as np
+
+        if self.features_fn is None:
+            raise ValueError(f"variant: {self.name!r} has no feature map (its Gram matrix has no rank-m factors)")
+        params, extras = self._split(kwargs)
+        check_qkv(q, k, k, **extras)
+        with arith.context():
+            lifted = {n: arith.asarray(np.asarray(x, dtype=np.float64)) for n, x in extras.items()}
+            return self.features_fn(
+                arith, arith.asarray(np.asarray(q, dtype=np.float64)), arith.asarray(np.asarray(k, dtype=np.float64)),
+                **params, **lifted,
             )
 
     def torch(

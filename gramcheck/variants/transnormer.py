@@ -23,7 +23,7 @@ from ..forms import linear_recurrence
 from ..torch_arith import TORCH
 from ..validation import check_positive_int
 from .common import causal_keep, kernel_matrix, masked_softmax, rms_normalise
-from .linear import LINEAR_FORMS
+from .linear import LINEAR_FORMS, features
 from .spec import Variant
 
 NORMS = ("rmsnorm", "srmsnorm")
@@ -130,6 +130,7 @@ VARIANTS = [
         declares=frozenset({"causal", "permutation-equivariant", "v-scale-invariant"}),
         reference_fn=reference_norm,
         torch_fn=torch_norm,
+        features_fn=features,
     ),
     Variant(
         name="transnormer-diag",
@@ -153,5 +154,6 @@ VARIANTS = [
         declares=frozenset({"causal"}),
         reference_fn=reference_diag_subtracted,
         torch_fn=torch_diag_subtracted,
+        features_fn=features,
     ),
 ]

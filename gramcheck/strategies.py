@@ -1,0 +1,326 @@
+"""Hypothesis strategies for adversarial attention inputs (Q, K, V[, extras]) in layout (B, H, N, d).
+
+Every strategy draws its *numerical character* (condition number, duplicate distance, outlier scale,
+degrees of freedom, norm, gate range, sizes) through Hypothesis, so that shrinking moves toward the
+simple case (small N and d, condition number 1, no duplicates, no outliers) and ``hypothesis.target``
+can climb on those parameters; the bulk entries come from a NumPy generator seeded by a drawn integer.
+All arrays are float64 holding values exactly representable in the requested ``dtype``
+(``precision.round_to``), so a target in that dtype receives exactly what the reference evaluates.
+
+What each kind promises, recorded in ``AttentionInputs.meta`` and checked in tests/test_strategies.py:
+
+* ``gaussian``        iid N(0, 1) entries.
+* ``spectrum``        each (b, h) slice of Q (and of K) is U diag(s) W^T with Haar U, W and singular
+                      values log-spaced from 1 down to 1/cond, cond = 10^c, c in [0, 12] (meta: cond),
+                      capped per dtype at 0.1 / (u sqrt(min(N, d))) so rounding keeps it within 10%.
+* ``low-rank``        Q and K of exact rank <= r < d: products of integer N x r and r x d factors with
+                      entries in {-1, 0, 1}, exact in every dtype (meta: rank r).
+* ``near-duplicate``  a fraction f of keys are copies of one key plus a perturbation of norm delta
+                      (meta: fraction, delta; measured: max distance to the anchor key).
+* ``outliers``        n_out tokens of q, k, v whose norm is scale = 10..1000 times the median norm
+                      (attention sinks); meta: scale.
+* ``heavy-tail``      Student-t entries with nu in [1, 4] degrees of freedom, and per-head and
+                      per-channel scales spanning up to 10^s (mixed scales).
+* ``overflow``        rows scaled to a norm R chosen so that exp(R^2 / sqrt(d)) overflows the dtype
+                      (past log(max) of float16/float32): exp(w.x) and unstabilised exp(q.k) overflow.
+* ``anti-aligned``    k_j = -c q_j + small noise: q.k very negative, softmax weights vanish and positive
+                      random features have large relative error.
+* ``degenerate``      zero rows in q and k, and N = 1 or d = 1 drawn with high probability.
+* ``long``            N near the size budget ``max_n`` (d small so N * d stays within budget).
+
+Gated variants also get log-decays ``g`` (B, H, N, d_k), <= 0: decays near 1 (long memory), near 0,
+or mixed per channel (meta: gate). Random-feature variants get an orthogonal ``projection`` (m, d_k).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+
+from .featuremaps import random_projection
+from .precision import dtype_name, max_finite, round_to, unit_roundoff
+from .validation import check_choice
+
+KINDS = (
+    "gaussian",
+    "spectrum",
+    "low-rank",
+    "near-duplicate",
+    "outliers",
+    "heavy-tail",
+    "overflow",
+    "anti-aligned",
+    "degenerate",
+    "long",
+)
+GATES = ("long-memory", "short-memory", "mixed")
+
+# Hypothesis settings profiles. ``ci``: derandomised (the same examples every run), no example
+# database, no deadline (a target's first call may compile); ``thorough``: a real search.
+PROFILES: dict[str, settings] = {
+    "ci": settings(
+        max_examples=25,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        print_blob=True,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    ),
+    "thorough": settings(
+        max_examples=400,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    ),
+}
+for _name, _s in PROFILES.items():
+    settings.register_profile(f"gramcheck-{_name}", _s)
+
+
+def profile(name: str) -> settings:
+    """The settings of profile ``name`` ('ci' or 'thorough')."""
+    return PROFILES[check_choice("profile", name, tuple(PROFILES))]
+
+
+@dataclass
+class AttentionInputs:
+    """One drawn input: q, k (B, H, N, d_k), v (B, H, N, d_v) as float64 holding ``dtype`` values, the
+    variant's extra inputs, the kind that made it and what that kind promised (``meta``)."""
+
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    extras: dict[str, np.ndarray] = field(default_factory=dict)
+    kind: str = "gaussian"
+    dtype: str = "float64"
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        return tuple(self.q.shape)  # type: ignore[return-value]
+
+    def __repr__(self) -> str:  # compact: Hypothesis prints it for every falsifying example
+        meta = {k: v for k, v in self.meta.items() if not isinstance(v, list)}
+        return f"AttentionInputs(kind={self.kind!r}, dtype={self.dtype!r}, shape={self.shape}, meta={meta})"
+
+    def summary(self) -> dict[str, Any]:
+        """A JSON-friendly description (for counterexamples): kind, shapes, meta, input norms."""
+        return {
+            "kind": self.kind,
+            "dtype": self.dtype,
+            "shape": list(self.q.shape),
+            "d_v": int(self.v.shape[-1]),
+            "meta": {k: (float(v) if isinstance(v, (float, np.floating)) else v) for k, v in self.meta.items()},
+            "max_abs": {n: float(np.max(np.abs(x))) for n, x in (("q", self.q), ("k", self.k), ("v", self.v))},
+        }
+
+
+# --------------------------------------------------------------------------------------------------
+# building blocks: NumPy constructions from drawn parameters (written once, used by the strategies)
+# --------------------------------------------------------------------------------------------------
+def haar_orthogonal(rng: np.random.Generator, n: int, k: int) -> np.ndarray:
+    """n x k matrix with orthonormal columns, Haar distributed (sign-corrected QR of a Gaussian)."""
+    qf, rf = np.linalg.qr(rng.standard_normal((n, k)))
+    return qf * np.sign(np.where(np.diag(rf) == 0, 1.0, np.diag(rf)))
+
+
+def with_spectrum(rng: np.random.Generator, n: int, d: int, singular_values: np.ndarray) -> np.ndarray:
+    """U diag(s) W^T (n x d) with Haar U (n x r), W (d x r), r = len(s) <= min(n, d)."""
+    r = len(singular_values)
+    return (haar_orthogonal(rng, n, r) * singular_values) @ haar_orthogonal(rng, d, r).T
+
+
+def log_spaced(cond: float, r: int) -> np.ndarray:
+    """r singular values from 1 down to 1/cond, log-spaced (exactly 1 and 1/cond at the ends)."""
+    if r == 1:
+        return np.ones(1)
+    return np.power(10.0, -np.linspace(0.0, math.log10(cond), r))
+
+
+def _gates(rng: np.random.Generator, shape: tuple[int, ...], gate: str) -> np.ndarray:
+    """Log-decays g <= 0: long memory (alpha in [0.99, 1)), short (alpha in (0, 0.05]), or mixed
+    per channel (half the channels long, half short)."""
+    long_g = np.log(rng.uniform(0.99, 1.0 - 1e-6, shape))
+    short_g = np.log(rng.uniform(1e-6, 0.05, shape))
+    if gate == "long-memory":
+        return long_g
+    if gate == "short-memory":
+        return short_g
+    channel = np.arange(shape[-1]) % 2 == 0
+    return np.where(channel, long_g, short_g)
+
+
+# --------------------------------------------------------------------------------------------------
+# strategies
+# --------------------------------------------------------------------------------------------------
+_SEEDS = st.integers(min_value=0, max_value=2**32 - 1)
+
+
+@st.composite
+def spectrum_matrices(
+    draw: Any, n: int, d: int, *, max_log10_cond: float = 12.0, rank: int | None = None
+) -> tuple[np.ndarray, float]:
+    """(matrix (n, d), condition number): prescribed log-spaced singular values, cond = 10^c with c
+    drawn in [0, max_log10_cond] (shrinks to 1); ``rank`` r < min(n, d) makes it exactly rank r."""
+    c = draw(st.floats(0.0, max_log10_cond, allow_nan=False))
+    rng = np.random.default_rng(draw(_SEEDS))
+    r = min(n, d) if rank is None else rank
+    return with_spectrum(rng, n, d, log_spaced(10.0**c, r)), 10.0**c
+
+
+@st.composite
+def gates(draw: Any, shape: tuple[int, ...], kind: str | None = None) -> tuple[np.ndarray, str]:
+    """(log-decays g of ``shape``, the gate kind) for GLA/RetNet-style recurrences."""
+    gate = kind or draw(st.sampled_from(GATES))
+    return _gates(np.random.default_rng(draw(_SEEDS)), shape, gate), gate
+
+
+@st.composite
+def _qkv(draw: Any, kind: str, B: int, H: int, N: int, d: int, dv: int, dtype: str) -> tuple[Any, ...]:
+    """(q, k, v, meta) of one kind, before rounding to the dtype."""
+    rng = np.random.default_rng(draw(_SEEDS))
+    shape, vshape = (B, H, N, d), (B, H, N, dv)
+    g = rng.standard_normal
+    meta: dict[str, Any] = {}
+    if kind == "gaussian":
+        return g(shape), g(shape), g(vshape), meta
+    if kind == "spectrum":
+        # rounding to the dtype moves singular values by up to u |Q|_F <= u sqrt(r) (s_1 = 1): cap the
+        # condition number where that stays within 10% of the smallest one
+        r = min(N, d)
+        c_max = min(12.0, math.log10(0.1 / (unit_roundoff(dtype) * math.sqrt(r))))
+        cond = 10.0 ** draw(st.floats(0.0, max(c_max, 0.0))) if r > 1 else 1.0  # one value: cond 1
+        s = log_spaced(cond, r)
+        q, k = (np.stack([[with_spectrum(rng, N, d, s) for _ in range(H)] for _ in range(B)]) for _ in range(2))
+        meta.update(cond=cond, rank=r)
+        return q, k, g(vshape), meta
+    if kind == "low-rank":
+        # integer factors with entries in {-1, 0, 1}: products are small integers, exact in every dtype,
+        # so the rank survives rounding
+        r = draw(st.integers(1, min(N, d) - 1))
+        q, k = (
+            (rng.integers(-1, 2, (B, H, N, r)) @ rng.integers(-1, 2, (B, H, r, d))).astype(np.float64)
+            for _ in range(2)
+        )
+        meta.update(rank=r)
+        return q, k, g(vshape), meta
+    if kind == "near-duplicate":
+        frac = draw(st.floats(0.0, 1.0))
+        delta = 10.0 ** draw(st.floats(-8.0, 0.0))
+        k = g(shape)
+        n_dup = int(round(frac * (N - 1)))
+        idx = rng.choice(np.arange(1, N), size=n_dup, replace=False) if n_dup else np.zeros(0, dtype=int)
+        noise = g((B, H, n_dup, d))
+        noise *= delta / np.maximum(np.linalg.norm(noise, axis=-1, keepdims=True), 1e-300)
+        k[:, :, idx] = k[:, :, :1] + noise
+        meta.update(fraction=frac, delta=delta, duplicates=idx.tolist(), anchor=0)
+        return g(shape), k, g(vshape), meta
+    if kind == "outliers":
+        scale = 10.0 ** draw(st.floats(1.0, 3.0))
+        n_out = draw(st.integers(1, max(1, N // 4)))
+        q, k, v = g(shape), g(shape), g(vshape)
+        idx = rng.choice(N, size=n_out, replace=False)
+        for x in (q, k, v):
+            med = np.median(np.linalg.norm(x, axis=-1))
+            row = x[:, :, idx]
+            x[:, :, idx] = row / np.linalg.norm(row, axis=-1, keepdims=True) * scale * med
+        meta.update(scale=scale, outliers=sorted(idx.tolist()))
+        return q, k, v, meta
+    if kind == "heavy-tail":
+        nu = draw(st.floats(1.0, 4.0))
+        spread = draw(st.floats(0.0, 3.0))  # log10 of the largest / smallest scale
+        head = 10.0 ** rng.uniform(0, spread, (1, H, 1, 1))
+        chan = 10.0 ** rng.uniform(0, spread, (1, 1, 1, d))
+        q, k = (rng.standard_t(nu, shape) * head * chan for _ in range(2))
+        meta.update(nu=nu, spread=10.0**spread)
+        return q, k, rng.standard_t(nu, vshape), meta
+    if kind == "overflow":
+        # |q|^2 / sqrt(d) (the softmax logit of q with itself) and |x|^2 past the exponent range
+        excess = draw(st.floats(1.25, 4.0))  # 25% past the edge, so rounding cannot undo it
+        R = math.sqrt(excess * math.log(max_finite(dtype)) * math.sqrt(d))
+        q, k = g(shape), g(shape)
+        q, k = (x / np.linalg.norm(x, axis=-1, keepdims=True) * R for x in (q, k))
+        meta.update(norm=R, excess=excess)
+        return q, k, g(vshape), meta
+    if kind == "anti-aligned":
+        c = 10.0 ** draw(st.floats(0.0, 1.5))
+        noise = 10.0 ** draw(st.floats(-6.0, -1.0))
+        q = g(shape) * draw(st.floats(1.0, 4.0))
+        k = -c * q + noise * g(shape)
+        meta.update(factor=c, noise=noise)
+        return q, k, g(vshape), meta
+    if kind == "degenerate":
+        q, k, v = g(shape), g(shape), g(vshape)
+        zq = rng.random(N) < draw(st.floats(0.0, 1.0))
+        zk = rng.random(N) < draw(st.floats(0.0, 1.0))
+        q[:, :, zq] = 0.0
+        k[:, :, zk] = 0.0
+        meta.update(zero_q=np.flatnonzero(zq).tolist(), zero_k=np.flatnonzero(zk).tolist())
+        return q, k, v, meta
+    if kind == "long":
+        return g(shape), g(shape), g(vshape), meta
+    raise ValueError(f"kinds: got {kind!r}; expected one of {KINDS}")
+
+
+@st.composite
+def attention_inputs(
+    draw: Any,
+    variant: Any = None,
+    *,
+    dtype: Any = "float64",
+    kinds: Sequence[str] | None = None,
+    max_n: int = 64,
+    max_d: int = 16,
+    max_b: int = 1,
+    max_h: int = 2,
+    m: int | None = None,
+    gate: str | None = None,
+) -> AttentionInputs:
+    """Adversarial inputs for ``variant`` (a name, a Variant or None for plain q, k, v): one of
+    ``kinds`` (default all) with sizes B <= max_b, H <= max_h, N <= max_n, d <= max_d, rounded to
+    ``dtype``. Extras: log-decays ``g`` for gated variants (``gate`` fixes their kind), an orthogonal
+    random ``projection`` (m, d), m = 2 d by default, for random-feature variants. Shrinks toward
+    B = H = 1, N = d = 1 and the simplest parameters of the kind."""
+    from . import variants as _variants
+
+    dt = dtype_name(dtype)
+    kinds = tuple(KINDS if kinds is None else kinds)
+    for k in kinds:
+        check_choice("kinds", k, KINDS)
+    if max_n < 1 or max_d < 1:
+        raise ValueError(f"max_n, max_d: got {max_n}, {max_d}; expected sizes >= 1")
+    var = None if variant is None else _variants.get(variant)
+    kind = draw(st.sampled_from(kinds))
+    B = draw(st.integers(1, max(1, max_b)))
+    H = draw(st.integers(1, max(1, max_h)))
+    if kind == "long":
+        N = draw(st.integers(max(1, max_n // 2), max_n))
+        d = draw(st.integers(1, min(max_d, 4)))
+    elif kind == "degenerate":
+        N = draw(st.sampled_from(sorted({1, 2, max_n})))
+        d = draw(st.sampled_from(sorted({1, 2, max_d})))
+    else:
+        N = draw(st.integers(1, max_n))
+        d = draw(st.integers(1, max_d))
+    if kind in ("near-duplicate", "low-rank"):
+        N = max(N, 2)
+    if kind == "low-rank":
+        d = max(d, 2)
+    dv = d
+    q, k, v, meta = draw(_qkv(kind, B, H, N, d, dv, dt))
+    extras: dict[str, np.ndarray] = {}
+    if var is not None and "g" in var.inputs:
+        gvals, gk = draw(gates((B, H, N, d), gate))
+        extras["g"] = np.minimum(round_to(gvals, dt), 0.0)
+        meta["gate"] = gk
+    if var is not None and "projection" in var.inputs:
+        mm = 2 * d if m is None else m
+        extras["projection"] = round_to(random_projection(mm, d, kind="orf", seed=draw(_SEEDS)), dt)
+    big = max_finite(dt)  # heavy tails can leave float16's range: keep every input finite
+    q, k, v = (np.clip(round_to(np.clip(x, -big, big), dt), -big, big) for x in (q, k, v))
+    return AttentionInputs(q, k, v, extras, kind, dt, meta)
