@@ -501,3 +501,68 @@ def BallMP(prec: int) -> BallArith:
 
 def is_arith(x: Any) -> bool:
     return isinstance(x, Arith)
+
+
+# --------------------------------------------------------------------------------------------------
+# the definition evaluated in a low-precision format (the "plain reference in the same dtype")
+# --------------------------------------------------------------------------------------------------
+class RoundedArith(BallArith):
+    """The definition evaluated with every operation's result rounded to ``dtype`` (round to nearest
+    even, via ``precision.round_to``); products and sums are accumulated in float64 and rounded once,
+    as a bf16/fp16 matmul with float32 accumulation does. Radii stay zero: this is a plain arithmetic
+    that reuses Ball's operators. It is the naive reference of the low-precision rule
+    (proofs/low-precision-rule.md)."""
+
+    enclosing = False
+
+    def __init__(self, dtype: Any):
+        from .precision import dtype_name
+
+        super().__init__(_F64Backend())
+        self.dtype = dtype_name(dtype)
+        self.name = f"rounded-{self.dtype}"
+
+    def _r(self, y: Any) -> Ball:
+        from .precision import round_to
+
+        return Ball(self, round_to(y, self.dtype), np.zeros(np.shape(y)))
+
+    def asarray(self, x: Any) -> Ball:
+        return self._r(np.asarray(x, dtype=np.float64))
+
+    def radius(self, x: Ball) -> np.ndarray:
+        return np.zeros(np.shape(x.mid))
+
+    def _add(self, a: Ball, b: Ball) -> Ball:
+        return self._r(a.mid + b.mid)
+
+    def _mul(self, a: Ball, b: Ball) -> Ball:
+        return self._r(a.mid * b.mid)
+
+    def _div(self, a: Ball, b: Ball) -> Ball:
+        return self._r(np.divide(a.mid, b.mid))
+
+    def exp(self, x: Ball) -> Ball:
+        return self._r(np.exp(x.mid))
+
+    def log(self, x: Ball) -> Ball:
+        return self._r(np.log(x.mid))
+
+    def sqrt(self, x: Ball) -> Ball:
+        return self._r(np.sqrt(x.mid))
+
+    def sin(self, x: Ball) -> Ball:
+        return self._r(np.sin(x.mid))
+
+    def cos(self, x: Ball) -> Ball:
+        return self._r(np.cos(x.mid))
+
+    def sum(self, x: Ball, axis: int, keepdims: bool = False) -> Ball:
+        return self._r(np.sum(x.mid, axis=axis, keepdims=keepdims))
+
+    def cumsum(self, x: Ball, axis: int) -> Ball:
+        return self._r(np.cumsum(x.mid, axis=axis))
+
+    def matmul(self, a: Any, b: Any) -> Ball:
+        a, b = self._lift(a), self._lift(b)
+        return self._r(np.matmul(a.mid, b.mid))

@@ -8,7 +8,8 @@ from typing import Any
 import numpy as np
 
 from . import variants as _variants
-from .agreement import check_agreement, round_to
+from .agreement import check_agreement
+from .precision import round_to
 from .featuremaps import random_projection
 from .findings import Finding
 

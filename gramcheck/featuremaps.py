@@ -15,6 +15,7 @@ phi(x) of shape (B, H, N, m). Formulas (shared/BOUNDS.md, proofs/favor-mse.md):
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -48,6 +49,25 @@ def elementwise(name: str) -> Any:
     return ELEMENTWISE[check_choice("feature", name, tuple(ELEMENTWISE))]
 
 
+def _favor_parts(ar: Any, x: Any, projection: Any, kind: str, scale: float | None) -> tuple[Any, Any, int]:
+    """(L, F, count) with phi(x) = exp(L) F / sqrt(count): the log-amplitude L (..., N, k) and the
+    bounded multiplier F ([sin, cos] for trig, None for the exponential kinds)."""
+    check_choice("kind", kind, FAVOR_KINDS)
+    d = x.shape[-1]
+    m = projection.shape[-2]
+    if scale is None:
+        xs = x / ar.sqrt(ar.sqrt(ar.const(d)))
+    else:
+        xs = x * ar.sqrt(ar.const(scale))
+    proj = ar.matmul(xs, ar.mT(projection))  # (B, H, N, m): w_i . x
+    half_sq = ar.sum(xs * xs, axis=-1, keepdims=True) / 2.0
+    if kind == "trig":
+        return half_sq, ar.concat([ar.sin(proj), ar.cos(proj)], axis=-1), m
+    if kind == "positive":
+        return proj - half_sq, None, m
+    return ar.concat([proj - half_sq, -proj - half_sq], axis=-1), None, 2 * m
+
+
 def favor(
     ar: Any,
     x: Any,
@@ -66,29 +86,32 @@ def favor(
     it cancels exactly in the normalised output. ``feature_eps`` adds eps to every feature before the
     1/sqrt(m) factor, as performer-pytorch does (1e-4), which biases the kernel estimate.
     """
-    check_choice("kind", kind, FAVOR_KINDS)
-    d = x.shape[-1]
-    m = projection.shape[0]
-    if scale is None:
-        xs = x / ar.sqrt(ar.sqrt(ar.const(d)))
-    else:
-        xs = x * ar.sqrt(ar.const(scale))
-    proj = ar.matmul(xs, ar.mT(projection))  # (B, H, N, m): w_i . x
-    half_sq = ar.sum(xs * xs, axis=-1, keepdims=True) / 2.0
-    axis = -1 if is_query else (-2, -1)
-    if kind == "trig":
-        amp = half_sq - ar.stop_max(half_sq, axis) if stabilize else half_sq
-        feats = ar.exp(amp) * ar.concat([ar.sin(proj), ar.cos(proj)], axis=-1)
-        return (feats + feature_eps) / ar.sqrt(ar.const(m))
-    if kind == "positive":
-        expo = proj - half_sq
-        count = m
-    else:
-        expo = ar.concat([proj - half_sq, -proj - half_sq], axis=-1)
-        count = 2 * m
+    log_amp, mult, count = _favor_parts(ar, x, projection, kind, scale)
     if stabilize:
-        expo = expo - ar.stop_max(expo, axis)
-    return (ar.exp(expo) + feature_eps) / ar.sqrt(ar.const(count))
+        log_amp = log_amp - ar.stop_max(log_amp, -1 if is_query else (-2, -1))
+    feats = ar.exp(log_amp) if mult is None else ar.exp(log_amp) * mult
+    return (feats + feature_eps) / ar.sqrt(ar.const(count))
+
+
+def favor_keys_prefix(x: Any, projection: Any, *, kind: str = "positive", scale: float | None = None) -> tuple[Any, Any]:
+    """Causal key features stabilised by the running maximum (torch only): with c_t the largest
+    log-amplitude of token t and M_t = max_{s<=t} c_s, returns features exp(L_t - M_t) F / sqrt(count)
+    and scalar log-decays g_t = M_{t-1} - M_t <= 0 (g_1 = 0), shape (B, H, N, 1). The gated recurrence
+    S_t = e^{g_t} S_{t-1} + phi_t v_t^T then holds e^{-M_t} times the unstabilised sums, a factor that
+    cancels in the normalised output. Unlike the global key maximum, no future token enters: the form is
+    causal bit for bit, and a later outlier key cannot underflow earlier features (proofs/invariants.md)."""
+    import torch
+
+    from .torch_arith import TORCH
+
+    log_amp, mult, count = _favor_parts(TORCH, x, projection, kind, scale)
+    c = log_amp.detach().amax(dim=-1, keepdim=True)
+    run = torch.cummax(c, dim=-2).values
+    g = torch.cat([torch.zeros_like(run[..., :1, :]), run[..., :-1, :] - run[..., 1:, :]], dim=-2)
+    feats = torch.exp(log_amp - run)
+    if mult is not None:
+        feats = feats * mult
+    return feats / math.sqrt(count), g
 
 
 # --------------------------------------------------------------------------------------------------

@@ -22,6 +22,8 @@ class Finding:
     rigour: str = "sampled"
     counterexample: dict[str, Any] | None = None
     details: dict[str, Any] = field(default_factory=dict)
+    # the worst input's arrays (saved beside a certificate as .npz); not part of the JSON view
+    arrays: dict[str, Any] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.rigour not in RIGOURS:
@@ -33,7 +35,13 @@ class Finding:
             return math.inf if self.measured == 0 else 0.0
         return self.bound / self.measured
 
+    @property
+    def failure(self) -> str | None:
+        """The kind of target misbehaviour (targets.FAILURE_KINDS) when the target itself failed."""
+        return self.details.get("failure")
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        d.pop("arrays")
         d["margin"] = self.margin
         return d

@@ -275,10 +275,15 @@ def gram_spectra(
             sp.head = (b, h)
             out.append(sp)
         return out
-    reason = "causal mask: the masked matrix has no rank-m factorisation" if feats is not None else (
-        f"variant {var.name!r} has no low-rank factorisation"
-    )
-    mat = attention_matrix(var, q, k, causal=causal, **kwargs)
+    if feats is not None:  # causal: the masked kernel has no rank-m factorisation
+        fq, fk = feats
+        mat = np.tril(fq @ np.swapaxes(fk, -1, -2))
+        if normalised:
+            mat = mat / mat.sum(-1, keepdims=True)
+        reason = "causal mask: the masked matrix has no rank-m factorisation"
+    else:
+        mat = attention_matrix(var, q, k, causal=causal, **kwargs)
+        reason = f"variant {var.name!r} has no low-rank factorisation"
     for b, h in np.ndindex(*mat.shape[:2]):
         sp = dense_spectrum(mat[b, h], reason=reason)
         sp.head = (b, h)

@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 
 from gramcheck import variants as V
-from gramcheck.agreement import round_to
+from gramcheck.precision import round_to
 from gramcheck.featuremaps import random_projection
 
 

@@ -35,14 +35,16 @@ def ref_normalised(ar: Any, fq: Any, fk: Any, v: Any, *, causal: bool, eps: floa
     return ar.div(ar.matmul(a, v), ar.sum(a, axis=-1, keepdims=True) + eps)
 
 
-def torch_normalised(fq: Any, fk: Any, v: Any, *, causal: bool, form: str, chunk_size: int, eps: float = 0.0) -> Any:
+def torch_normalised(
+    fq: Any, fk: Any, v: Any, *, causal: bool, form: str, chunk_size: int, eps: float = 0.0, g: Any = None
+) -> Any:
     """The same quotient computed by one pass of a linear form over [V, 1] (numerator and denominator
-    share every rounding pattern of the form)."""
+    share every rounding pattern of the form, and any decays ``g``, which therefore cancel)."""
     from ..forms import linear_recurrence
 
     dv = v.shape[-1]
     va = _torch().cat([v, v.new_ones(*v.shape[:-1], 1)], dim=-1)
-    out = linear_recurrence(fq, fk, va, causal=causal, form=form, chunk_size=chunk_size)
+    out = linear_recurrence(fq, fk, va, g, causal=causal, form=form, chunk_size=chunk_size)
     return out[..., :dv] / (out[..., dv:] + eps)
 
 

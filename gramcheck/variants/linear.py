@@ -54,7 +54,7 @@ def features(ar: Any, q: Any, k: Any, *, feature: str, **_: Any) -> tuple[Any, A
     return phi(ar, q), phi(ar, k)
 
 
-_NORMALISED_TAGS = frozenset({"causal", "normalised-rows", "convex-hull", "permutation-equivariant"})
+_NORMALISED_TAGS = frozenset({"causal", "normalised-rows", "convex-hull", "permutation-equivariant", "denominator"})
 
 VARIANTS = [
     Variant(

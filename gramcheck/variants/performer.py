@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..featuremaps import favor
+from ..featuremaps import favor, favor_keys_prefix
 from ..torch_arith import TORCH
 from .common import ref_normalised, torch_normalised
 from .linear import LINEAR_FORMS
@@ -36,7 +36,14 @@ def features(ar: Any, q: Any, k: Any, *, projection: Any, eps: float, **p: Any) 
 def torch_forward(
     q: Any, k: Any, v: Any, *, causal: bool, form: str, chunk_size: int, projection: Any, eps: float, **p: Any
 ) -> Any:
-    fq, fk = _features(TORCH, q, k, projection.to(dtype=q.dtype, device=q.device), p)
+    """Non-causal: the reference code's stabilisers. Causal (stabilised, no eps): keys by their
+    running maximum with the matching decays (``favor_keys_prefix``), so no future token enters."""
+    w = projection.to(dtype=q.dtype, device=q.device)
+    if causal and p["stabilize"] and p["feature_eps"] == 0 and eps == 0:
+        fq = favor(TORCH, q, w, is_query=True, kind=p["kind"], scale=p["scale"])
+        fk, g = favor_keys_prefix(k, w, kind=p["kind"], scale=p["scale"])
+        return torch_normalised(fq, fk, v, causal=True, form=form, chunk_size=chunk_size, eps=eps, g=g)
+    fq, fk = _features(TORCH, q, k, w, p)
     return torch_normalised(fq, fk, v, causal=causal, form=form, chunk_size=chunk_size, eps=eps)
 
 
@@ -49,7 +56,7 @@ def _variant(kind: str, summary: str, tags: frozenset[str]) -> Variant:
         params={"kind": kind, "scale": None, "stabilize": True, "feature_eps": 0.0, "eps": 0.0},
         forms=LINEAR_FORMS,
         noncausal_only=("parallel",),
-        declares=tags | {"causal", "permutation-equivariant", "random-features"},
+        declares=tags | {"causal", "permutation-equivariant", "random-features", "denominator", "causal-rounding"},
         reference_fn=reference,
         torch_fn=torch_forward,
         inputs=("projection",),

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..featuremaps import elementwise, favor
+from ..featuremaps import elementwise, favor, favor_keys_prefix
 from ..torch_arith import TORCH
 from . import softmax
 from .common import ref_normalised, standardise, torch_normalised
@@ -94,6 +94,9 @@ def torch_performer(
     qn, kn = _normed(TORCH, q, k, p)
     w = projection.to(dtype=q.dtype, device=q.device)
     fq = favor(TORCH, qn, w, kind="positive", is_query=True, scale=1.0)
+    if causal:  # running-maximum key stabiliser: causal bit for bit (featuremaps.favor_keys_prefix)
+        fk, g = favor_keys_prefix(kn, w, kind="positive", scale=1.0)
+        return torch_normalised(fq, fk, v, causal=True, form=form, chunk_size=chunk_size, g=g)
     fk = favor(TORCH, kn, w, kind="positive", is_query=False, scale=1.0)
     return torch_normalised(fq, fk, v, causal=causal, form=form, chunk_size=chunk_size)
 
@@ -121,7 +124,7 @@ VARIANTS = [
         params=_PARAMS,
         forms=LINEAR_FORMS,
         noncausal_only=("parallel",),
-        declares=_TAGS,
+        declares=_TAGS | {"denominator"},
         reference_fn=reference_linear,
         torch_fn=torch_linear,
         features_fn=features_linear,
@@ -134,7 +137,7 @@ VARIANTS = [
         params=_PARAMS,
         forms=LINEAR_FORMS,
         noncausal_only=("parallel",),
-        declares=_TAGS | {"random-features"},
+        declares=_TAGS | {"random-features", "denominator", "causal-rounding"},
         reference_fn=reference_performer,
         torch_fn=torch_performer,
         inputs=("projection",),

@@ -23,6 +23,9 @@ TAGS = (
     "random-features",  # takes a random matrix ``projection`` (m, d_k)
     "gated",  # takes log-decays ``g``
     "materialises-nxn",  # the production form is quadratic in N by definition
+    "denominator",  # normalised by a data-dependent denominator phi(q_i) . sum_j phi(k_j)
+    "causal-rounding",  # causal in exact arithmetic; a global stabiliser lets future tokens move past
+    #                     outputs by rounding (performer's key maximum over all tokens)
 )
 
 

@@ -1,0 +1,181 @@
+"""Closed-form bounds, each with its derivation or citation in proofs/ (named in the docstring) and a test
+on inputs where it is tight. Public API: ``gramcheck.bounds.favor_mse(...)`` etc.
+
+Shapes: x, y are single vectors (d,) or batches (..., d); returned arrays broadcast over the batch.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from .validation import check_choice
+
+FAVOR_KINDS = ("positive", "hyperbolic", "trig")
+
+
+def _sq(x: Any) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float64)
+    return np.sum(x * x, axis=-1)
+
+
+def softmax_kernel(x: Any, y: Any) -> np.ndarray:
+    """SM(x, y) = exp(x . y)."""
+    return np.exp(np.sum(np.asarray(x, dtype=np.float64) * np.asarray(y, dtype=np.float64), axis=-1))
+
+
+def favor_mse(x: Any, y: Any, m: int, kind: str = "positive") -> np.ndarray:
+    """Mean squared error of the FAVOR+ estimate phi(x).phi(y) of SM(x, y) = exp(x.y) with m iid
+    w_i ~ N(0, I_d) (Choromanski et al. 2021, Lemma 2; proofs/favor-mse.md):
+
+    positive:   (1/m) SM^2 (exp(|x+y|^2) - 1)
+    hyperbolic: (1/2) (1 - exp(-|x+y|^2)) * positive        (m pairs exp(+-w.x), 2m features)
+    trig:       (1/(2m)) exp(|x|^2 + |y|^2) (1 - exp(-|x-y|^2))^2
+    """
+    check_choice("kind", kind, FAVOR_KINDS)
+    if m < 1:
+        raise ValueError(f"m: got {m}; expected a positive number of random features")
+    x = np.asarray(x, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    z2 = _sq(x + y)
+    if kind == "trig":
+        return np.exp(_sq(x) + _sq(y)) * (-np.expm1(-_sq(x - y))) ** 2 / (2 * m)
+    pos = softmax_kernel(x, y) ** 2 * np.expm1(z2) / m
+    return pos if kind == "positive" else 0.5 * (-np.expm1(-z2)) * pos
+
+
+def orf_mse_reduction(x: Any, y: Any, m: int, d: int) -> np.ndarray:
+    """Theorem 2 of Choromanski et al. 2021 (proofs/favor-mse.md): for positive features and m <= d
+    orthogonal rows, MSE_ort <= MSE_iid - 2(m-1)/(m(d+2)) (SM(x,y) - exp(-(|x|^2 + |y|^2)/2))^2.
+    Returns the subtracted term (>= 0)."""
+    if not 1 <= m <= d:
+        raise ValueError(f"m: got {m}; expected 1 <= m <= d = {d} (one orthogonal block)")
+    gap = softmax_kernel(x, y) - np.exp(-(_sq(x) + _sq(y)) / 2)
+    return 2 * (m - 1) / (m * (d + 2)) * gap**2
+
+
+def row_normalisation_l1(eps: float | np.ndarray, *, tight: bool = False) -> np.ndarray:
+    """If every kernel entry of a row has relative error at most eps < 1, the row's normalised weights
+    move by at most 2 eps / (1 - eps) in L1 (shared/BOUNDS.md), or by the sharp
+    2 eps / (1 + sqrt(1 - eps^2)) (attained; proofs/row-normalisation.md)."""
+    e = np.asarray(eps, dtype=np.float64)
+    if np.any(e < 0) or np.any(e >= 1):
+        raise ValueError(f"eps: got {eps!r}; expected 0 <= eps < 1")
+    return 2 * e / (1 + np.sqrt(1 - e * e)) if tight else 2 * e / (1 - e)
+
+
+def row_normalisation_output(l1: Any, v: Any, *, causal: bool = False) -> np.ndarray:
+    """Output error from a row-weight change of L1 size ``l1`` (N,) per row: |o'_ik - o_ik| <=
+    (l1_i / 2) (max_j v_jk - min_j v_jk) (the weight changes sum to zero; proofs/row-normalisation.md).
+    v: (N, d_v); causal ranges run over j <= i. Returns (N, d_v)."""
+    v = np.asarray(v, dtype=np.float64)
+    if causal:
+        hi, lo = np.maximum.accumulate(v, axis=0), np.minimum.accumulate(v, axis=0)
+    else:
+        hi, lo = np.broadcast_to(v.max(0), v.shape), np.broadcast_to(v.min(0), v.shape)
+    return 0.5 * np.asarray(l1, dtype=np.float64)[:, None] * (hi - lo)
+
+
+def qknorm_weight_range(n: int, tau: float) -> tuple[float, float]:
+    """Sharp range of a softmax weight over n keys with logits in [-tau, tau]:
+    [1 / (1 + (n-1) e^{2 tau}), 1 / (1 + (n-1) e^{-2 tau})] (proofs/qknorm-weight-range.md)."""
+    return 1.0 / (1.0 + (n - 1) * math.exp(2 * tau)), 1.0 / (1.0 + (n - 1) * math.exp(-2 * tau))
+
+
+def gated_state_bound(k: Any, v: Any, alpha_max: float) -> np.ndarray:
+    """|S_t| <= max_s |k_s| |v_s|^T / (1 - alpha_max) entrywise, for every t (proofs/gated-state-bound.md).
+    k (..., N, d_k), v (..., N, d_v) -> (..., d_k, d_v)."""
+    if not 0 <= alpha_max < 1:
+        raise ValueError(f"alpha_max: got {alpha_max!r}; expected 0 <= alpha_max < 1")
+    k = np.abs(np.asarray(k, dtype=np.float64))
+    v = np.abs(np.asarray(v, dtype=np.float64))
+    return np.max(k[..., :, :, None] * v[..., :, None, :], axis=-3) / (1 - alpha_max)
+
+
+def unnormalised_output_bound(fq: Any, fk: Any, v: Any, divisor: float = 1.0, *, causal: bool = False) -> np.ndarray:
+    """|o_i| <= sum_j |phi(q_i).phi(k_j)| |v_j| / c <= n_i max_j |A_ij| max_j |v_j| / c with n_i the number
+    of keys in row i (N, or i + 1 causal): the unnormalised output grows linearly with N
+    (proofs/unnormalised-growth.md). fq, fk (N, m), v (N, d_v) -> (N,) bound on max_k |o_ik|."""
+    a = np.abs(np.asarray(fq, dtype=np.float64) @ np.asarray(fk, dtype=np.float64).T)
+    if causal:
+        a = np.tril(a)
+    n_i = np.arange(1, a.shape[0] + 1) if causal else np.full(a.shape[0], a.shape[0])
+    return n_i * a.max(axis=1) * np.max(np.abs(v)) / divisor
+
+
+def orf_block_condition(projection: Any, d: int) -> list[tuple[float, float]]:
+    """For each complete block of d rows of an orthogonal random matrix W (m, d): (cond_2 of the
+    block, max row norm / min row norm). Orthogonal rows make W_b W_b^T = diag(|w_i|^2), so the two are
+    equal; iid rows give a larger condition number (proofs/orf-conditioning.md)."""
+    w = np.asarray(projection, dtype=np.float64)
+    out = []
+    for start in range(0, w.shape[0] - d + 1, d):
+        blk = w[start : start + d]
+        s = np.linalg.svd(blk, compute_uv=False)
+        norms = np.linalg.norm(blk, axis=1)
+        out.append((float(s[0] / s[-1]), float(norms.max() / norms.min())))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# Jacobian bounds (proofs/jacobian-bounds.md); p is one row-normalised weight matrix (N, N)
+# ---------------------------------------------------------------------------------------------------
+def jacobian_v_bound(p: Any) -> float:
+    """O = P V is linear in V with Jacobian P (x) I, so ||dO/dV||_2 = ||P||_2 <= sqrt(||P||_1 ||P||_inf);
+    for row-stochastic P, ||P||_inf = 1 and the bound is sqrt(max column sum)."""
+    p = np.abs(np.asarray(p, dtype=np.float64))
+    return float(math.sqrt(p.sum(0).max() * p.sum(1).max()))
+
+
+def softmax_jacobian_q_bound(p: Any, k: Any, v: Any, scale: float) -> float:
+    """o_i depends on q_i only, with do_i/dq_i = s Cov_{p_i}(v, k) = s sum_j p_ij (v_j - o_i)(k_j - kbar_i)^T;
+    ||.||_2 <= s sqrt(E_p |v - o_i|^2 E_p |k - kbar_i|^2) (Cauchy-Schwarz). Bound: max over i."""
+    p = np.asarray(p, dtype=np.float64)
+    k = np.asarray(k, dtype=np.float64)
+    v = np.asarray(v, dtype=np.float64)
+    o, kb = p @ v, p @ k
+    ev = np.einsum("ij,ij->i", p, _sq(v[None, :, :] - o[:, None, :]))
+    ek = np.einsum("ij,ij->i", p, _sq(k[None, :, :] - kb[:, None, :]))
+    return float(scale * np.sqrt(ev * ek).max())
+
+
+def _linear_parts(fq: Any, fk: Any, v: Any, causal: bool) -> tuple[np.ndarray, ...]:
+    fq = np.asarray(fq, dtype=np.float64)
+    fk = np.asarray(fk, dtype=np.float64)
+    v = np.asarray(v, dtype=np.float64)
+    a = fq @ fk.T
+    keep = np.tril(np.ones(a.shape, bool)) if causal else np.ones(a.shape, bool)
+    a = np.where(keep, a, 0.0)
+    den = a.sum(1)
+    o = (a @ v) / den[:, None]
+    dev = np.where(keep, np.sqrt(_sq(v[None, :, :] - o[:, None, :])), 0.0)  # (N, N): |v_j - o_i|, j in row i
+    return fq, fk, den, dev
+
+
+def linear_jacobian_q_bound(fq: Any, fk: Any, v: Any, dphi_max: float = 1.0, *, causal: bool = False) -> float:
+    """Normalised linear attention, o_i = sum_j a_ij v_j / den_i, a_ij = phi(q_i).phi(k_j) (j <= i causal):
+    do_i/dphi(q_i) = sum_j (v_j - o_i) phi(k_j)^T / den_i, so
+    ||dO/dQ||_2 <= dphi_max max_i sum_j |v_j - o_i| |phi(k_j)| / den_i, unbounded as den_i -> 0
+    (TransNormer's argument; proofs/jacobian-bounds.md). dphi_max bounds |phi'| (1 for elu+1, relu)."""
+    fq, fk, den, dev = _linear_parts(fq, fk, v, causal)
+    return float(dphi_max * ((dev @ np.sqrt(_sq(fk))) / den).max())
+
+
+def linear_jacobian_k_bound(fq: Any, fk: Any, v: Any, dphi_max: float = 1.0, *, causal: bool = False) -> float:
+    """do_i/dphi(k_j) = (v_j - o_i) phi(q_i)^T / den_i, so
+    ||dO/dK||_2 <= dphi_max sqrt(sum_i |phi(q_i)|^2 sum_j |v_j - o_i|^2 / den_i^2) (proofs/jacobian-bounds.md)."""
+    fq, fk, den, dev = _linear_parts(fq, fk, v, causal)
+    return float(dphi_max * math.sqrt(np.sum(_sq(fq) * np.sum(dev**2, axis=1) / den**2)))
+
+
+def softmax_jacobian_k_bound(p: Any, q: Any, v: Any, scale: float) -> float:
+    """do_i/dk_j = s p_ij (v_j - o_i) q_i^T, so ||dO/dK||_2 <= s sqrt(max_i |q_i|^2 E_{p_i}|v - o_i|^2
+    * max_j sum_i p_ij) (Cauchy-Schwarz twice; proofs/jacobian-bounds.md)."""
+    p = np.asarray(p, dtype=np.float64)
+    q = np.asarray(q, dtype=np.float64)
+    v = np.asarray(v, dtype=np.float64)
+    o = p @ v
+    ev = np.einsum("ij,ij->i", p, _sq(v[None, :, :] - o[:, None, :]))
+    return float(scale * math.sqrt(np.max(_sq(q) * ev) * p.sum(0).max()))

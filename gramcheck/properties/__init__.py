@@ -1,0 +1,112 @@
+"""The property catalogue. Each ``Property`` checks one theory-backed statement on one drawn input and
+returns a ``Finding``; ``applicable(variant, causal, params)`` lists those meaningful for a target.
+Component properties of random features (kernel MSE, ORF) are plain functions in ``kernels``.
+
+| name                      | applies to                                      | proof                        |
+| ------------------------- | ----------------------------------------------- | ---------------------------- |
+| agreement                 | every variant                                   | fp-forward-error.md          |
+| low-precision             | bfloat16 / float16 targets                      | low-precision-rule.md        |
+| rows-sum-to-one           | normalised-rows                                 | invariants.md                |
+| convex-hull               | convex-hull                                     | invariants.md                |
+| permutation-equivariance  | permutation-equivariant, non-causal             | invariants.md                |
+| causality                 | causal mode                                     | invariants.md                |
+| qk-scale-invariance       | qk-scale-invariant                              | invariants.md                |
+| v-scale-invariance        | v-scale-invariant                               | invariants.md                |
+| weight-range              | qknorm-softmax                                  | qknorm-weight-range.md       |
+| row-normalisation         | FAVOR+ positive / hyperbolic                    | row-normalisation.md         |
+| normaliser-margin         | relu / trig features (denominators can vanish)  | invariants.md                |
+| unnormalised-growth       | linear-unnormalised                             | unnormalised-growth.md       |
+| state-bound               | bounded-state (no GroupNorm)                    | gated-state-bound.md         |
+| gradcheck                 | every variant (float64, small inputs)           | jacobian-bounds.md           |
+| finite-gradients          | every variant                                   | jacobian-bounds.md           |
+| jacobian-norm             | linear in V (and Q, K bounds where derived)     | jacobian-bounds.md           |
+| depth-growth              | softmax, DiagAttention, linear-elu/relu         | jacobian-bounds.md           |
+| energy-share (diagnostic) | every variant                                   | gram-spectrum.md             |
+"""
+
+from __future__ import annotations
+
+import builtins
+from typing import Any
+
+from ..validation import check_choice
+from . import accuracy, conditioning, gradients, invariants, kernels
+from .base import DEFAULT_KINDS, Property, always, declares
+
+LOW_PRECISION = ("bfloat16", "float16")
+
+CATALOGUE: tuple[Property, ...] = (
+    Property("agreement", accuracy.agreement, always, "fp-forward-error.md",
+             "|impl - truth| <= 2 R(u): the definition's componentwise rounding bound"),
+    Property("low-precision", accuracy.low_precision, always, "low-precision-rule.md",
+             "error <= 2 x error of the definition computed in the same low precision (+ u|o|)"),
+    Property("rows-sum-to-one", invariants.rows_sum_to_one, declares("normalised-rows"), "invariants.md",
+             "weights (V = I) are >= 0 and each row sums to 1", max_n=32),
+    Property("convex-hull", invariants.convex_hull, declares("convex-hull"), "invariants.md",
+             "each output lies in the convex hull of the values (j <= i when causal)"),
+    Property("permutation-equivariance", invariants.permutation_equivariance,
+             declares("permutation-equivariant", causal=False), "invariants.md",
+             "permuting (K, V) together changes nothing; permuting Q permutes O"),
+    Property("causality", invariants.causality, declares("causal", causal=True), "invariants.md",
+             "replacing future tokens changes no past output (bit-exact unless causal-rounding)"),
+    Property("qk-scale-invariance", invariants.qk_scale_invariance, declares("qk-scale-invariant"), "invariants.md",
+             "scaling q or k rows by positive constants changes nothing beyond the definition's eps"),
+    Property("v-scale-invariance", invariants.v_scale_invariance, declares("v-scale-invariant"), "invariants.md",
+             "scaling V changes nothing beyond the output norm's eps"),
+    Property("weight-range", invariants.weight_range, invariants.qknorm_softmax, "qknorm-weight-range.md",
+             "QK-norm softmax weights within [1/(1+(n-1)e^{2 tau}), 1/(1+(n-1)e^{-2 tau})]", max_n=32),
+    Property("row-normalisation", kernels.row_normalisation,
+             lambda v, c, p: v.family == "performer" and "normalised-rows" in v.declares,
+             "row-normalisation.md", "kernel error eps < 1 moves o by <= eps/(1-eps) range(v) (+ rounding)"),
+    Property("normaliser-margin", conditioning.margin, conditioning.vanishing_denominator, "invariants.md",
+             "no denominator vanishes or cancels: min den / (|phi(q)| . sum |phi(k)|) > 0"),
+    Property("unnormalised-growth", conditioning.unnormalised_growth,
+             lambda v, c, p: v.name == "linear-unnormalised", "unnormalised-growth.md",
+             "|o_i| <= n_i max|A_ij| max|v| / c: linear growth with N"),
+    Property("state-bound", conditioning.state_bound, conditioning.gated_without_norm, "gated-state-bound.md",
+             "|S_t| <= max|k||v|^T / (1 - alpha_max) for every t"),
+    Property("gradcheck", gradients.gradcheck, always, "jacobian-bounds.md",
+             "autograd against central differences in float64", kinds=gradients.GRADIENT_KINDS, max_n=6, max_d=3),
+    Property("finite-gradients", gradients.finite_gradients, always, "jacobian-bounds.md",
+             "finite output => finite gradients in the target dtype", max_n=32),
+    Property("jacobian-norm", gradients.jacobian_norm, gradients.linear_in_v, "jacobian-bounds.md",
+             "||dO/dV|| = ||P|| <= sqrt(||P||_1 ||P||_inf); ||dO/dQ||, ||dO/dK|| against analytic bounds",
+             kinds=gradients.GRADIENT_KINDS, max_n=12, max_d=4),
+    Property("depth-growth", gradients.depth_growth, gradients.square_self_attention, "jacobian-bounds.md",
+             "4 residual layers: ||dx_L/dx_0|| <= prod (1 + b_Q + b_K + b_V)",
+             kinds=gradients.GRADIENT_KINDS, max_n=8, max_d=4),
+    Property("energy-share", conditioning.energy_share, always, "gram-spectrum.md",
+             "diagnostic: the Gram matrix's top singular value holds <= 99% of the energy", default=False),
+)
+_BY_NAME = {p.name: p for p in CATALOGUE}
+
+
+def get(name: str | Property) -> Property:
+    if isinstance(name, Property):
+        return name
+    return _BY_NAME[check_choice("properties", name, tuple(_BY_NAME))]
+
+
+def names() -> builtins.list[str]:
+    return [p.name for p in CATALOGUE]
+
+
+def applicable(variant: Any, causal: bool, params: dict[str, Any] | None = None, *, dtype: str = "float32",
+               include_diagnostics: bool = False) -> builtins.list[Property]:
+    """The properties meaningful for ``variant`` in this mode, dtype and hyperparameters."""
+    from .. import variants as _variants
+
+    var = _variants.get(variant)
+    params = var.resolve_params(params or {})
+    out = []
+    for p in CATALOGUE:
+        if not (p.default or include_diagnostics):
+            continue
+        if p.name == "low-precision" and dtype not in LOW_PRECISION:
+            continue
+        if p.applies(var, causal, params):
+            out.append(p)
+    return out
+
+
+__all__ = ["CATALOGUE", "DEFAULT_KINDS", "Property", "applicable", "get", "kernels", "names"]

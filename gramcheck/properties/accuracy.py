@@ -1,0 +1,71 @@
+"""Accuracy against the oracle: the rounding bound (agreement) and the low-precision rule."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..agreement import check_agreement
+from ..arith import RoundedArith
+from ..findings import Finding
+from ..oracle import truth
+from ..precision import unit_roundoff
+from ..strategies import AttentionInputs
+from ..targets import Target
+from .base import arrays_of, guarded
+
+LOW_PRECISION_K = 2.0  # FlashAttention's tests: error(target) <= 2 * error(plain reference, same dtype)
+
+
+@guarded("agreement")
+def agreement(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding | None:
+    """|T(q, k, v) - truth| <= 2 R(u_dtype) componentwise, R the first-order rounding bound of the
+    definition (proofs/fp-forward-error.md); details carry the bits of error beyond the bound."""
+    out = target(ex.q, ex.k, ex.v, causal=causal, **ex.extras)
+    f = check_agreement(
+        "agreement", out, target.variant, ex.q, ex.k, ex.v, causal=causal, dtype=target.dtype, **target.params, **ex.extras
+    )
+    if not f.passed:
+        f.counterexample = {**ex.summary(), **(f.counterexample or {})}
+        f.arrays = arrays_of(ex)
+    return f
+
+
+def naive_reference(target: Target, ex: AttentionInputs, *, causal: bool) -> np.ndarray:
+    """The definition evaluated with every operation rounded to the target's dtype."""
+    ar = RoundedArith(target.dtype)
+    with np.errstate(all="ignore"):
+        ball = target.variant.reference(ex.q, ex.k, ex.v, causal=causal, arith=ar, **target.params, **ex.extras)
+    return ar.to_float64(ball)
+
+
+@guarded("low-precision")
+def low_precision(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding | None:
+    """max|T - truth| <= k max|naive - truth| + u max|truth| with k = 2, the naive reference being the
+    definition computed in the same dtype (proofs/low-precision-rule.md)."""
+    t = truth(target.variant, ex.q, ex.k, ex.v, causal=causal, digits=6, **target.params, **ex.extras)
+    defined = ~t.undefined
+    if not defined.any():
+        return None
+    out = target(ex.q, ex.k, ex.v, causal=causal, **ex.extras)
+    naive = naive_reference(target, ex, causal=causal)
+    err_t = float(np.max(np.where(defined, np.abs(out - t.value), 0.0), initial=0.0))
+    err_n = np.where(defined, np.abs(naive - t.value), 0.0)
+    err_n = float(np.max(np.where(np.isnan(err_n), np.inf, err_n), initial=0.0))
+    if np.isnan(err_t):
+        err_t = float("inf")
+    floor = unit_roundoff(target.dtype) * float(np.max(np.abs(np.where(defined, t.value, 0.0))))
+    bound = LOW_PRECISION_K * err_n + floor
+    measured = err_t / bound if bound > 0 else (0.0 if err_t == 0 else float("inf"))
+    passed = measured <= 1.0
+    details: dict[str, Any] = {"target_error": err_t, "naive_error": err_n, "k": LOW_PRECISION_K, "floor": floor}
+    return Finding(
+        "low-precision",
+        bool(passed),
+        float(measured),
+        1.0,
+        counterexample=None if passed else ex.summary(),
+        details=details,
+        arrays=None if passed else arrays_of(ex),
+    )

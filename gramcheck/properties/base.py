@@ -1,0 +1,116 @@
+"""The ``Property`` record and what every property shares: the guard that turns a misbehaving target into
+a failing Finding, and the ratio form of a Finding (measured = worst error / bound, passes at <= 1)."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..agreement import rounding_bound
+from ..findings import Finding
+from ..strategies import KINDS, AttentionInputs
+from ..targets import Target, TargetError
+from ..variants.spec import Variant
+
+# example kinds a property draws from unless told otherwise: every adversarial kind but ``overflow``,
+# which is a stress domain asked for explicitly (domain=...)
+DEFAULT_KINDS = tuple(k for k in KINDS if k != "overflow")
+
+
+@dataclass(frozen=True)
+class Property:
+    """A checkable property. ``fn(target, ex, causal=...)`` returns a Finding for one drawn input (or
+    None when the input is outside the property's domain); ``applies(variant, causal, params)`` says
+    whether it is meaningful for a target. ``proof`` names the file in proofs/ behind its bound."""
+
+    name: str
+    fn: Callable[..., Finding | None]
+    applies: Callable[[Variant, bool, dict[str, Any]], bool]
+    proof: str
+    summary: str
+    kinds: tuple[str, ...] = DEFAULT_KINDS
+    max_n: int | None = None  # a cap on N for expensive properties (gradients)
+    max_d: int | None = None
+    default: bool = True  # in the default set of ``check`` (diagnostics are opt-in)
+
+
+def guarded(name: str) -> Callable[[Callable[..., Finding | None]], Callable[..., Finding | None]]:
+    """Wrap a property so that a misbehaving target gives a failing Finding of that failure kind."""
+
+    def deco(fn: Callable[..., Finding | None]) -> Callable[..., Finding | None]:
+        @functools.wraps(fn)
+        def wrapper(target: Target, ex: AttentionInputs, **kw: Any) -> Finding | None:
+            try:
+                return fn(target, ex, **kw)
+            except TargetError as err:
+                return Finding(
+                    name,
+                    False,
+                    float("inf"),
+                    1.0,
+                    counterexample=ex.summary(),
+                    details={"failure": err.kind, "error": err.message},
+                    arrays=arrays_of(ex),
+                )
+
+        return wrapper
+
+    return deco
+
+
+def arrays_of(ex: AttentionInputs) -> dict[str, np.ndarray]:
+    return {"q": ex.q, "k": ex.k, "v": ex.v, **ex.extras}
+
+
+def ratio_finding(
+    name: str, err: np.ndarray, bound: np.ndarray, ex: AttentionInputs, *, rigour: str = "sampled", **details: Any
+) -> Finding:
+    """Finding with measured = max_i err_i / bound_i (inf where err is NaN or the bound is 0 < err)."""
+    err = np.asarray(err, dtype=np.float64)
+    bound = np.broadcast_to(np.asarray(bound, dtype=np.float64), err.shape)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = np.where(err == 0, 0.0, err / bound)
+    r = np.where(np.isnan(r), np.inf, r)
+    measured = float(r.max()) if r.size else 0.0
+    passed = measured <= 1.0
+    if r.size:
+        worst = np.unravel_index(int(np.argmax(r)), r.shape)
+        details.setdefault("worst_index", [int(i) for i in worst])
+        details.setdefault("worst_error", float(err[worst]))
+        details.setdefault("worst_bound", float(bound[worst]))
+    return Finding(
+        name,
+        bool(passed),
+        measured,
+        1.0,
+        rigour=rigour,
+        counterexample=None if passed else ex.summary(),
+        details=details,
+        arrays=None if passed else arrays_of(ex),
+    )
+
+
+def bound_of(target: Target, ex: AttentionInputs, *, causal: bool, v: np.ndarray | None = None, **extras: Any) -> np.ndarray:
+    """2 R(u_dtype): the componentwise rounding bound of the definition in the target's dtype
+    (proofs/fp-forward-error.md), with the target's hyperparameters."""
+    ex_extras = {**ex.extras, **extras}
+    return rounding_bound(
+        target.variant, ex.q, ex.k, ex.v if v is None else v, causal=causal, dtype=target.dtype, **target.params, **ex_extras
+    )
+
+
+def always(variant: Variant, causal: bool, params: dict[str, Any]) -> bool:
+    return True
+
+
+def declares(*tags: str, causal: bool | None = None) -> Callable[[Variant, bool, dict[str, Any]], bool]:
+    """Applicability: the variant declares every tag (and the mode matches ``causal`` if given)."""
+
+    def test(variant: Variant, c: bool, params: dict[str, Any]) -> bool:
+        return all(t in variant.declares for t in tags) and (causal is None or c == causal)
+
+    return test

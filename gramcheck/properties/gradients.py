@@ -1,0 +1,232 @@
+"""Gradients: gradcheck in float64, finite gradients in the target dtype, Jacobian spectral norms against
+analytic bounds, and gradient growth through stacked residual layers (proofs/jacobian-bounds.md)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .. import bounds
+from ..findings import Finding
+from ..spectra import attention_matrix
+from ..strategies import AttentionInputs
+from ..targets import Target
+from .base import arrays_of, guarded, ratio_finding
+from .invariants import _rng, _undefined
+
+POWER_ITERATIONS = 40
+GRADIENT_KINDS = ("gaussian", "near-duplicate", "anti-aligned")  # smooth inputs, away from kinks
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
+def _call64(target: Target, causal: bool, extras: dict[str, Any]) -> Callable[..., Any]:
+    def f(q: Any, k: Any, v: Any) -> Any:
+        return target.call_torch(q, k, v, causal=causal, **extras)
+
+    return f
+
+
+def _verdict(name: str, passed: bool, ex: AttentionInputs, **details: Any) -> Finding:
+    return Finding(
+        name,
+        passed,
+        0.0 if passed else 1.0,
+        0.0,
+        counterexample=None if passed else ex.summary(),
+        details=details,
+        arrays=None if passed else arrays_of(ex),
+    )
+
+
+@guarded("gradcheck")
+def gradcheck(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding | None:
+    """torch.autograd.gradcheck of the target in float64 (analytic against central differences)."""
+    torch = _torch()
+    if _undefined(target, ex, causal):
+        return None
+    t = target.tensors({"q": ex.q, "k": ex.k, "v": ex.v, **ex.extras}, requires_grad=True, dtype="float64")
+    q, k, v = t.pop("q"), t.pop("k"), t.pop("v")
+    try:
+        ok = torch.autograd.gradcheck(_call64(target, causal, t), (q, k, v), eps=1e-6, atol=1e-5, rtol=1e-3)
+        return _verdict("gradcheck", bool(ok), ex)
+    except torch.autograd.gradcheck.GradcheckError as err:
+        return _verdict("gradcheck", False, ex, error=str(err).splitlines()[0][:300])
+
+
+@guarded("finite-gradients")
+def finite_gradients(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding | None:
+    """Where the output is finite, the gradients of <o, w> (w fixed, seeded) with respect to q, k, v
+    are finite in the target's dtype."""
+    torch = _torch()
+    if _undefined(target, ex, causal):
+        return None
+    t = target.tensors({"q": ex.q, "k": ex.k, "v": ex.v, **ex.extras}, requires_grad=True)
+    q, k, v = t.pop("q"), t.pop("k"), t.pop("v")
+    o = target.call_torch(q, k, v, causal=causal, **t)
+    if not bool(torch.isfinite(o).all()):
+        return None  # a non-finite forward is agreement's finding, not this one's
+    w = torch.as_tensor(_rng(ex, "w").standard_normal(o.shape)).to(o.dtype)
+    grads = torch.autograd.grad((o * w).sum(), (q, k, v), allow_unused=True)
+    bad = {n: int((~torch.isfinite(g)).sum()) for n, g in zip("qkv", grads, strict=True) if g is not None}
+    total = sum(bad.values())
+    return Finding(
+        "finite-gradients",
+        total == 0,
+        float(total),
+        0.0,
+        counterexample=None if total == 0 else ex.summary(),
+        details={"nonfinite_entries": bad},
+        arrays=None if total == 0 else arrays_of(ex),
+    )
+
+
+def spectral_norm(f: Callable[[Any], Any], x: Any, *, iterations: int = POWER_ITERATIONS, seed: int = 0) -> float:
+    """||J_f(x)||_2 by power iteration on J^T J (jvp then vjp through autograd). It converges from
+    below, so the estimate never exceeds the true norm (up to rounding)."""
+    torch = _torch()
+    from torch.autograd.functional import jvp, vjp
+
+    g = torch.Generator().manual_seed(seed)
+    u = torch.randn(x.shape, generator=g, dtype=x.dtype)
+    u = u / u.norm()
+    sigma = 0.0
+    for _ in range(iterations):
+        _, ju = jvp(f, x, u)
+        _, jtju = vjp(f, x, ju)
+        n = float(jtju.norm())
+        if n == 0 or not math.isfinite(n):
+            return float(ju.norm()) if n == 0 else n
+        sigma = math.sqrt(n)
+        u = jtju / n
+    return sigma
+
+
+def _slices(ex: AttentionInputs) -> list[tuple[int, int]]:
+    return list(np.ndindex(*ex.q.shape[:2]))
+
+
+def _scale(target: Target, d: int) -> float:
+    s = target.params.get("scale")
+    return 1.0 / math.sqrt(d) if s is None else float(s)
+
+
+def _slice_extras(extras: dict[str, Any], b: int, h: int) -> dict[str, Any]:
+    """Per-token extras (g) restricted to one (b, h); the projection is shared."""
+    return {n: (x[b : b + 1, h : h + 1] if n == "g" else x) for n, x in extras.items()}
+
+
+def _analytic(target: Target, causal: bool, q: np.ndarray, k: np.ndarray, v: np.ndarray, extras: dict[str, Any]) -> dict[str, float]:
+    """Analytic bounds on the norms of dO/dQ, dO/dK, dO/dV for one slice q, k, v of shape (1, 1, N, d)."""
+    var = target.variant
+    p = attention_matrix(var, q, k, causal=causal, **target.params, **extras)[0, 0]
+    out = {"v": bounds.jacobian_v_bound(p)}
+    q0, k0, v0 = q[0, 0], k[0, 0], v[0, 0]
+    if var.family == "softmax" or var.name == "transnormer-diag":
+        s = _scale(target, q.shape[-1])
+        out["q"] = bounds.softmax_jacobian_q_bound(p, k0, v0, s)
+        out["k"] = bounds.softmax_jacobian_k_bound(p, q0, v0, s)
+    elif var.name in ("linear-elu", "linear-relu") and not target.params.get("eps"):
+        fq, fk = var.features(q, k, **target.params)
+        out["q"] = bounds.linear_jacobian_q_bound(fq[0, 0], fk[0, 0], v0, causal=causal)
+        out["k"] = bounds.linear_jacobian_k_bound(fq[0, 0], fk[0, 0], v0, causal=causal)
+    return out
+
+
+def _slack(*xs: np.ndarray) -> float:
+    """Absolute slack for a derivative evaluated in float64: its entries scale at most like products
+    of two input magnitudes, and are computed to about 1e-9 of that (u64 times the condition of
+    a derivative that vanishes, e.g. dO/dQ at N = 1, where the exact bound is 0)."""
+    m = max(float(np.max(np.abs(x))) for x in xs)
+    return 1e-9 * (1.0 + m * m)
+
+
+def has_q_bound(variant: Any, causal: bool, params: dict[str, Any]) -> bool:
+    return variant.name in ("softmax", "transnormer-diag", "linear-elu", "linear-relu") and not params.get("eps")
+
+
+def linear_in_v(variant: Any, causal: bool, params: dict[str, Any]) -> bool:
+    return "v-scale-invariant" not in variant.declares and not params.get("group_norm")
+
+
+@guarded("jacobian-norm")
+def jacobian_norm(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding | None:
+    """||dO/dV||_2 = ||P||_2 <= sqrt(||P||_1 ||P||_inf) and, where derived, ||dO/dQ||_2 and ||dO/dK||_2
+    against their analytic bounds; power-iteration estimates (from below) in float64, per (b, h)."""
+    if _undefined(target, ex, causal):
+        return None
+    t = target.tensors({"q": ex.q, "k": ex.k, "v": ex.v, **ex.extras}, dtype="float64")
+    q, k, v = t.pop("q"), t.pop("k"), t.pop("v")
+    est, bnd, labels = [], [], []
+    for b, h in _slices(ex):
+        sl = (slice(b, b + 1), slice(h, h + 1))
+        fs = _call64(target, causal, _slice_extras(t, b, h))
+        ana = _analytic(target, causal, ex.q[sl], ex.k[sl], ex.v[sl], _slice_extras(ex.extras, b, h))
+        for wrt, bound in ana.items():
+            args = {"q": q[sl], "k": k[sl], "v": v[sl]}
+
+            def g(x: Any, wrt: str = wrt, args: dict = args) -> Any:
+                return fs(**{**args, wrt: x})
+
+            est.append(spectral_norm(g, args[wrt]))
+            bnd.append(bound)
+            labels.append(f"{wrt}[{b},{h}]")
+    est_a, bnd_a = np.array(est), np.array(bnd)
+    fnd = ratio_finding("jacobian-norm", est_a, bnd_a * (1 + 1e-7) + _slack(ex.q, ex.k, ex.v), ex, rigour="sampled")
+    fnd.details.update(estimates=dict(zip(labels, map(float, est_a), strict=True)),
+                       bounds=dict(zip(labels, map(float, bnd_a), strict=True)),
+                       tightness=float(np.max(est_a / np.where(bnd_a > 0, bnd_a, np.inf))))
+    return fnd
+
+
+DEPTH = 4
+
+
+@guarded("depth-growth")
+def depth_growth(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding | None:
+    """L = 4 residual self-attention layers x_{l+1} = x_l + f(x_l, x_l, x_l): ||dx_L/dx_0||_2 <=
+    prod_l (1 + b_Q(x_l) + b_K(x_l) + b_V(x_l)) with the analytic per-layer bounds (proofs/jacobian-bounds.md)."""
+    torch = _torch()
+    x0 = ex.q
+    t = target.tensors({"x": x0}, dtype="float64")
+    extras = target.tensors(ex.extras, dtype="float64")
+    layer = _call64(target, causal, extras)
+
+    def stack(x: Any) -> Any:
+        for _ in range(DEPTH):
+            x = x + layer(x, x, x)
+        return x
+
+    bound = 1.0
+    xl = t["x"]
+    for depth in range(DEPTH):
+        xn = xl.detach().numpy()
+        lx = AttentionInputs(xn, xn, xn, ex.extras, ex.kind, ex.dtype, ex.meta)
+        if _undefined(target, lx, causal):
+            return None
+        per = max(
+            1 + sum(_analytic(target, causal, xn[b : b + 1, h : h + 1], xn[b : b + 1, h : h + 1],
+                              xn[b : b + 1, h : h + 1], _slice_extras(ex.extras, b, h)).values())
+            for b, h in _slices(ex)
+        )
+        bound *= per
+        if depth < DEPTH - 1:
+            with torch.no_grad():
+                xl = xl + layer(xl, xl, xl)
+            if not bool(torch.isfinite(xl).all()):
+                return None
+    est = spectral_norm(stack, t["x"])
+    f = ratio_finding("depth-growth", np.array([est]), np.array([bound * (1 + 1e-7) + _slack(x0)]), ex)
+    f.details.update(estimate=est, bound=bound, depth=DEPTH, per_layer_growth=est ** (1 / DEPTH))
+    return f
+
+
+def square_self_attention(variant: Any, causal: bool, params: dict[str, Any]) -> bool:
+    return has_q_bound(variant, causal, params) and "gated" not in variant.declares

@@ -1,0 +1,180 @@
+"""Invariants that hold in exact arithmetic, checked within the rounding bound of the target's dtype
+(proofs/invariants.md): rows sum to one, convex hull, permutation equivariance, causality, scale
+invariances, and the QK-norm weight range."""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any
+
+import numpy as np
+
+from ..bounds import qknorm_weight_range
+from ..findings import Finding
+from ..strategies import AttentionInputs
+from ..targets import Target
+from .base import bound_of, guarded, ratio_finding
+
+
+def _rng(ex: AttentionInputs, salt: str) -> np.random.Generator:
+    """A generator determined by the example (so a property is a function of its input)."""
+    return np.random.default_rng(zlib.crc32(ex.q.tobytes() + ex.k.tobytes() + salt.encode()))
+
+
+def _undefined(target: Target, ex: AttentionInputs, causal: bool, v: np.ndarray | None = None) -> bool:
+    """True where the exact output has 0/0 entries (a vanishing denominator): outside every domain."""
+    with np.errstate(all="ignore"):
+        ref = target.reference(ex.q, ex.k, ex.v if v is None else v, causal=causal, **ex.extras)
+    return not bool(np.all(np.isfinite(ref)))
+
+
+def _identity_v(ex: AttentionInputs) -> np.ndarray:
+    B, H, N, _ = ex.q.shape
+    return np.broadcast_to(np.eye(N), (B, H, N, N)).copy()
+
+
+@guarded("rows-sum-to-one")
+def rows_sum_to_one(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding | None:
+    """With V = I_N the output is the weight matrix P: every row sums to 1 and P >= 0, within the
+    rounding bound of P (normalised positive kernels)."""
+    eye = _identity_v(ex)
+    if _undefined(target, ex, causal, eye):
+        return None
+    p = target(ex.q, ex.k, eye, causal=causal, **ex.extras)
+    b = bound_of(target, ex, causal=causal, v=eye)
+    row_err = np.abs(p.sum(-1) - 1.0)
+    neg = np.maximum(-p, 0.0)
+    return ratio_finding(
+        "rows-sum-to-one",
+        np.concatenate([row_err.ravel(), neg.ravel()]),
+        np.concatenate([b.sum(-1).ravel(), b.ravel()]),
+        ex,
+        min_weight=float(p.min()),
+        max_row_error=float(row_err.max()),
+    )
+
+
+def _hull(v: np.ndarray, causal: bool) -> tuple[np.ndarray, np.ndarray]:
+    if causal:
+        return np.maximum.accumulate(v, axis=-2), np.minimum.accumulate(v, axis=-2)
+    n = v.shape[-2]
+    return np.repeat(v.max(-2, keepdims=True), n, -2), np.repeat(v.min(-2, keepdims=True), n, -2)
+
+
+@guarded("convex-hull")
+def convex_hull(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding | None:
+    """min_j v_jk <= o_ik <= max_j v_jk (j <= i when causal), up to the rounding bound of o."""
+    if _undefined(target, ex, causal):
+        return None
+    o = target(ex.q, ex.k, ex.v, causal=causal, **ex.extras)
+    hi, lo = _hull(ex.v, causal)
+    outside = np.maximum(np.maximum(o - hi, lo - o), 0.0)
+    outside = np.where(np.isnan(o), np.inf, outside)
+    return ratio_finding("convex-hull", outside, bound_of(target, ex, causal=causal), ex)
+
+
+@guarded("permutation-equivariance")
+def permutation_equivariance(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding | None:
+    """Non-causal: permuting (K, V) rows together leaves O unchanged; permuting Q rows permutes O.
+    Both within the sum of the two evaluations' rounding bounds."""
+    if _undefined(target, ex, causal):
+        return None
+    n = ex.q.shape[-2]
+    perm = _rng(ex, "perm").permutation(n)
+    o = target(ex.q, ex.k, ex.v, causal=False, **ex.extras)
+    o_kv = target(ex.q, ex.k[..., perm, :], ex.v[..., perm, :], causal=False, **ex.extras)
+    o_q = target(ex.q[..., perm, :], ex.k, ex.v, causal=False, **ex.extras)
+    b = bound_of(target, ex, causal=False)
+    err = np.concatenate([np.abs(o_kv - o).ravel(), np.abs(o_q - o[..., perm, :]).ravel()])
+    return ratio_finding("permutation-equivariance", err, np.concatenate([2 * b.ravel(), 2 * b[..., perm, :].ravel()]), ex)
+
+
+@guarded("causality")
+def causality(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding | None:
+    """Replacing every token after position t (q, k, v and gates) changes no output at positions <= t.
+    Bit-exact (bound 0) unless the variant declares ``causal-rounding`` (a global stabiliser that
+    cancels in exact arithmetic), where the change must stay within the two rounding bounds."""
+    n = ex.q.shape[-2]
+    if n < 2:
+        return None
+    rng = _rng(ex, "future")
+    t = int(rng.integers(0, n - 1))
+    fut = AttentionInputs(ex.q.copy(), ex.k.copy(), ex.v.copy(), {k: x.copy() for k, x in ex.extras.items()}, ex.kind, ex.dtype, ex.meta)
+    from ..precision import round_to
+
+    for x in (fut.q, fut.k, fut.v):
+        x[..., t + 1 :, :] = round_to(rng.standard_normal(x[..., t + 1 :, :].shape) * (1 + np.abs(x).max()), ex.dtype)
+    if "g" in fut.extras:
+        fut.extras["g"][..., t + 1 :, :] = np.minimum(round_to(-rng.uniform(0, 2, fut.extras["g"][..., t + 1 :, :].shape), ex.dtype), 0)
+    if _undefined(target, ex, True) or _undefined(target, fut, True):
+        return None
+    o = target(ex.q, ex.k, ex.v, causal=True, **ex.extras)[..., : t + 1, :]
+    o2 = target(fut.q, fut.k, fut.v, causal=True, **fut.extras)[..., : t + 1, :]
+    diff = np.abs(o2 - o)
+    diff = np.where(np.isnan(o) != np.isnan(o2), np.inf, np.where(np.isnan(diff), 0.0, diff))
+    if "causal-rounding" in target.variant.declares:
+        b = (bound_of(target, ex, causal=True) + bound_of(target, fut, causal=True))[..., : t + 1, :]
+        return ratio_finding("causality", diff, b, ex, cut=t, mode="rounding")
+    changed = int(np.count_nonzero(diff))
+    f = ratio_finding("causality", diff, np.zeros_like(diff), ex, cut=t, mode="bit-exact", changed_entries=changed)
+    return f
+
+
+def _invariance(
+    name: str, target: Target, ex: AttentionInputs, causal: bool, changed: AttentionInputs
+) -> Finding | None:
+    """|T(x') - T(x)| <= |R(x') - R(x)| + bound(x) + bound(x'): the target moves no more than the exact
+    definition does (the definition's own departure, e.g. through a norm's eps, is allowed)."""
+    if _undefined(target, ex, causal) or _undefined(target, changed, causal):
+        return None
+    o = target(ex.q, ex.k, ex.v, causal=causal, **ex.extras)
+    o2 = target(changed.q, changed.k, changed.v, causal=causal, **changed.extras)
+    exact = np.abs(target.reference(changed.q, changed.k, changed.v, causal=causal, **changed.extras)
+                   - target.reference(ex.q, ex.k, ex.v, causal=causal, **ex.extras))
+    b = bound_of(target, ex, causal=causal) + bound_of(target, changed, causal=causal)
+    return ratio_finding(name, np.maximum(np.abs(o2 - o) - exact, 0.0), b, ex, definition_change=float(exact.max()))
+
+
+def _pow2_scales(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    """Positive powers of two in [1/4, 4]: scaling by them is exact in every binary format."""
+    return np.exp2(rng.integers(-2, 3, shape)).astype(np.float64)
+
+
+@guarded("qk-scale-invariance")
+def qk_scale_invariance(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding | None:
+    """Scaling rows of q and of k by positive constants leaves a QK-normalised output unchanged."""
+    rng = _rng(ex, "scale")
+    changed = AttentionInputs(
+        ex.q * _pow2_scales(rng, ex.q.shape[:-1] + (1,)), ex.k * _pow2_scales(rng, ex.k.shape[:-1] + (1,)), ex.v,
+        ex.extras, ex.kind, ex.dtype, ex.meta,
+    )
+    return _invariance("qk-scale-invariance", target, ex, causal, changed)
+
+
+@guarded("v-scale-invariance")
+def v_scale_invariance(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding | None:
+    """Scaling V by a positive constant leaves an output-normalised (NormAttention) output unchanged."""
+    c = float(_pow2_scales(_rng(ex, "vscale"), ()))
+    changed = AttentionInputs(ex.q, ex.k, ex.v * c, ex.extras, ex.kind, ex.dtype, ex.meta)
+    return _invariance("v-scale-invariance", target, ex, causal, changed)
+
+
+@guarded("weight-range")
+def weight_range(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding | None:
+    """QK-norm softmax: every weight of a row with n keys lies in
+    [1/(1 + (n-1) e^{2 tau}), 1/(1 + (n-1) e^{-2 tau})] (proofs/qknorm-weight-range.md), up to rounding."""
+    eye = _identity_v(ex)
+    p = target(ex.q, ex.k, eye, causal=causal, **ex.extras)
+    b = bound_of(target, ex, causal=causal, v=eye)
+    n = ex.q.shape[-2]
+    tau = float(target.params["tau"])
+    counts = np.arange(1, n + 1) if causal else np.full(n, n)
+    lo_hi = np.array([qknorm_weight_range(int(c), tau) for c in counts])  # (N, 2)
+    lo, hi = lo_hi[:, 0][:, None], lo_hi[:, 1][:, None]
+    keep = np.tril(np.ones((n, n), bool)) if causal else np.ones((n, n), bool)
+    out = np.where(keep, np.maximum(np.maximum(p - hi, lo - p), 0.0), 0.0)
+    return ratio_finding("weight-range", out, b, ex, tau=tau)
+
+
+def qknorm_softmax(variant: Any, causal: bool, params: dict[str, Any]) -> bool:
+    return variant.name == "qknorm-softmax"

@@ -1,0 +1,116 @@
+"""The search: run one property over inputs drawn by Hypothesis, climb toward the worst case with
+``hypothesis.target``, and return the worst Finding (the shrunk counterexample when one fails).
+
+Determinism: the examples are a function of ``seed`` and the profile (no example database), so the same
+seed, target and versions give the same Findings."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from hypothesis import HealthCheck, given, reject, settings
+from hypothesis import seed as hseed
+from hypothesis import target as htarget
+from hypothesis.errors import Flaky, Unsatisfiable
+
+from .findings import Finding
+from .properties import Property
+from .strategies import attention_inputs, profile
+from .targets import Target
+
+
+@dataclass(frozen=True)
+class Domain:
+    """Where inputs are drawn: kinds, size caps and the number of examples (None: the profile's)."""
+
+    kinds: tuple[str, ...] | None = None
+    max_n: int = 32
+    max_d: int = 8
+    max_b: int = 1
+    max_h: int = 2
+    examples: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kinds": list(self.kinds) if self.kinds else None,
+            "max_n": self.max_n,
+            "max_d": self.max_d,
+            "max_b": self.max_b,
+            "max_h": self.max_h,
+            "examples": self.examples,
+        }
+
+
+class _Failed(Exception):
+    def __init__(self, finding: Finding):
+        super().__init__(finding.name)
+        self.finding = finding
+
+
+def run_property(
+    prop: Property, target: Target, *, causal: bool, domain: Domain = Domain(), profile_name: str = "ci", seed: int = 0
+) -> Finding:
+    """The worst Finding of ``prop`` over the examples of ``domain``; a failure is shrunk first."""
+    kinds = tuple(k for k in (domain.kinds or prop.kinds) if domain.kinds is None or k in domain.kinds)
+    if domain.kinds is not None:
+        kinds = tuple(domain.kinds)
+    strategy = attention_inputs(
+        target.variant,
+        dtype=target.dtype,
+        kinds=kinds,
+        max_n=min(domain.max_n, prop.max_n or domain.max_n),
+        max_d=min(domain.max_d, prop.max_d or domain.max_d),
+        max_b=domain.max_b,
+        max_h=domain.max_h,
+    )
+    base = profile(profile_name)
+    cfg = settings(
+        base,
+        derandomize=False,
+        database=None,
+        max_examples=domain.examples or base.max_examples,
+        suppress_health_check=list(HealthCheck),
+        report_multiple_bugs=False,
+    )
+    worst: list[Finding] = []
+    count = [0]
+
+    @hseed(seed)
+    @cfg
+    @given(strategy)
+    def search(ex: Any) -> None:
+        f = prop.fn(target, ex, causal=causal)
+        if f is None:
+            reject()
+        count[0] += 1
+        score = f.measured / f.bound if f.bound > 0 else f.measured
+        htarget(score if math.isfinite(score) else 1e300, label=prop.name)
+        if not worst or _worse(f, worst[0]):
+            worst[:] = [f]
+        if not f.passed:
+            raise _Failed(f)
+
+    try:
+        search()
+    except _Failed as failed:
+        f = failed.finding
+        f.details.setdefault("examples", count[0])
+        f.details["shrunk"] = True
+        return f
+    except Flaky as exc:
+        return Finding(prop.name, False, math.inf, 1.0, details={"failure": "nondeterministic", "error": str(exc)[:500]})
+    except Unsatisfiable:
+        return Finding(prop.name, True, 0.0, 1.0, details={"examples": 0, "note": "no input in the domain met the premise"})
+    if not worst:
+        return Finding(prop.name, True, 0.0, 1.0, details={"examples": 0, "note": "no input in the domain met the premise"})
+    f = worst[0]
+    f.details["examples"] = count[0]
+    return f
+
+
+def _worse(a: Finding, b: Finding) -> bool:
+    ra = a.measured / a.bound if a.bound > 0 else a.measured
+    rb = b.measured / b.bound if b.bound > 0 else b.measured
+    return (not a.passed and b.passed) or ra > rb
