@@ -69,13 +69,15 @@ def row_normalisation_l1(eps: float | np.ndarray, *, tight: bool = False) -> np.
 def row_normalisation_output(l1: Any, v: Any, *, causal: bool = False) -> np.ndarray:
     """Output error from a row-weight change of L1 size ``l1`` (N,) per row: |o'_ik - o_ik| <=
     (l1_i / 2) (max_j v_jk - min_j v_jk) (the weight changes sum to zero; proofs/row-normalisation.md).
-    v: (N, d_v); causal ranges run over j <= i. Returns (N, d_v)."""
+    v: (N_keys, d_v); causal ranges run over j <= i (N_keys = N). Returns (len(l1), d_v)."""
     v = np.asarray(v, dtype=np.float64)
+    l1 = np.asarray(l1, dtype=np.float64)
     if causal:
         hi, lo = np.maximum.accumulate(v, axis=0), np.minimum.accumulate(v, axis=0)
     else:
-        hi, lo = np.broadcast_to(v.max(0), v.shape), np.broadcast_to(v.min(0), v.shape)
-    return 0.5 * np.asarray(l1, dtype=np.float64)[:, None] * (hi - lo)
+        rows = (l1.shape[0], v.shape[1])
+        hi, lo = np.broadcast_to(v.max(0), rows), np.broadcast_to(v.min(0), rows)
+    return 0.5 * l1[:, None] * (hi - lo)
 
 
 def qknorm_weight_range(n: int, tau: float) -> tuple[float, float]:

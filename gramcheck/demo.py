@@ -9,9 +9,9 @@ import numpy as np
 
 from . import variants as _variants
 from .agreement import check_agreement
-from .precision import round_to
 from .featuremaps import random_projection
 from .findings import Finding
+from .precision import round_to
 
 
 def demo_inputs(

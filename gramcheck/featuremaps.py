@@ -93,7 +93,9 @@ def favor(
     return (feats + feature_eps) / ar.sqrt(ar.const(count))
 
 
-def favor_keys_prefix(x: Any, projection: Any, *, kind: str = "positive", scale: float | None = None) -> tuple[Any, Any]:
+def favor_keys_prefix(
+    x: Any, projection: Any, *, kind: str = "positive", scale: float | None = None
+) -> tuple[Any, Any]:
     """Causal key features stabilised by the running maximum (torch only): with c_t the largest
     log-amplitude of token t and M_t = max_{s<=t} c_s, returns features exp(L_t - M_t) F / sqrt(count)
     and scalar log-decays g_t = M_{t-1} - M_t <= 0 (g_1 = 0), shape (B, H, N, 1). The gated recurrence

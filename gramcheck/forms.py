@@ -16,8 +16,10 @@ Three forms compute it:
   t >= s inside a chunk and as the decay from a chunk's start or to its end, all with non-positive
   exponents: nothing overflows however long the sequence or strong the decay.
 
-Gate cumulative sums are accumulated in at least float32 (as fla's kernels do) and the decays cast
-back to the data dtype; everything else runs in the data dtype.
+Gate cumulative sums and the states S (sums over up to N tokens) are accumulated in at least float32,
+as fla's kernels do; products inside a chunk run in the data dtype, and the output is cast back to it.
+(Accumulating the state in bfloat16 made the chunked form three times less accurate than the naive
+definition in bfloat16: the low-precision rule, proofs/low-precision-rule.md, caught it.)
 """
 
 from __future__ import annotations
@@ -92,19 +94,21 @@ def parallel(q: Any, k: Any, v: Any, g: Any = None, *, causal: bool) -> Any:
 def recurrent(q: Any, k: Any, v: Any, g: Any = None, *, causal: bool) -> Any:
     torch = _torch()
     B, H, N, dk = q.shape
-    state = q.new_zeros(B, H, dk, v.shape[-1])
+    acc = _gate_dtype(q)
+    qa, ka, va = q.to(acc), k.to(acc), v.to(acc)
+    state = qa.new_zeros(B, H, dk, v.shape[-1])
     if not causal:
         for t in range(N):
-            state = state + k[:, :, t, :, None] * v[:, :, t, None, :]
-        return q @ state
-    alpha = None if g is None else g.to(_gate_dtype(g)).exp().to(q.dtype)
+            state = state + ka[:, :, t, :, None] * va[:, :, t, None, :]
+        return (qa @ state).to(q.dtype)
+    alpha = None if g is None else g.to(acc).exp()
     outs = []
     for t in range(N):
         if alpha is not None:
             state = alpha[:, :, t, :, None] * state
-        state = state + k[:, :, t, :, None] * v[:, :, t, None, :]
-        outs.append((q[:, :, t, None, :] @ state)[:, :, 0, :])
-    return torch.stack(outs, dim=2)
+        state = state + ka[:, :, t, :, None] * va[:, :, t, None, :]
+        outs.append((qa[:, :, t, None, :] @ state)[:, :, 0, :])
+    return torch.stack(outs, dim=2).to(q.dtype)
 
 
 def _pad_chunks(x: Any, c: int) -> Any:
@@ -124,11 +128,12 @@ def chunked(q: Any, k: Any, v: Any, g: Any = None, *, causal: bool, chunk_size: 
     dv = v.shape[-1]
     qc, kc, vc = _pad_chunks(q, c), _pad_chunks(k, c), _pad_chunks(v, c)
     nc = qc.shape[2]
+    acc = _gate_dtype(q)
     if not causal:
-        state = q.new_zeros(B, H, dk, dv)
+        state = q.new_zeros(B, H, dk, dv, dtype=acc)
         for i in range(nc):
-            state = state + kc[:, :, i].transpose(-1, -2) @ vc[:, :, i]
-        return q @ state
+            state = state + kc[:, :, i].transpose(-1, -2).to(acc) @ vc[:, :, i].to(acc)
+        return (q.to(acc) @ state).to(q.dtype)
     mask = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
     if g is None:
         scores = (qc @ kc.transpose(-1, -2)) * mask.to(q.dtype)
@@ -137,15 +142,15 @@ def chunked(q: Any, k: Any, v: Any, g: Any = None, *, causal: bool, chunk_size: 
         bl = _pad_chunks(g.to(_gate_dtype(g)), c).cumsum(-2)  # log-decay from chunk start through t
         last = bl[..., -1:, :]
         scores = _decayed_scores(qc, kc, bl, bl, mask)
-        q_in = qc * bl.exp().to(q.dtype)  # decay of the incoming state up to t
-        k_out = kc * (last - bl).exp().to(q.dtype)  # decay from s to the chunk's end
-        carry = last[..., 0, :].exp().to(q.dtype)  # (B, H, nc, d_k): decay across a whole chunk
-    updates = k_out.transpose(-1, -2) @ vc  # (B, H, nc, d_k, d_v)
+        q_in = qc.to(acc) * bl.exp().to(acc)  # decay of the incoming state up to t
+        k_out = kc.to(acc) * (last - bl).exp().to(acc)  # decay from s to the chunk's end
+        carry = last[..., 0, :].exp().to(acc)  # (B, H, nc, d_k): decay across a whole chunk
+    updates = k_out.to(acc).transpose(-1, -2) @ vc.to(acc)  # (B, H, nc, d_k, d_v), accumulated in acc
     states = []
-    state = q.new_zeros(B, H, dk, dv)
+    state = q.new_zeros(B, H, dk, dv, dtype=acc)
     for i in range(nc):
         states.append(state)
         state = (state if carry is None else carry[:, :, i, :, None] * state) + updates[:, :, i]
     incoming = torch.stack(states, dim=2)
-    out = scores @ vc + q_in @ incoming
-    return out.reshape(B, H, nc * c, dv)[:, :, :N]
+    out = (scores @ vc).to(acc) + q_in.to(acc) @ incoming
+    return out.to(q.dtype).reshape(B, H, nc * c, dv)[:, :, :N]

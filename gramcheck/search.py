@@ -100,14 +100,28 @@ def run_property(
         f.details["shrunk"] = True
         return f
     except Flaky as exc:
-        return Finding(prop.name, False, math.inf, 1.0, details={"failure": "nondeterministic", "error": str(exc)[:500]})
+        return Finding(
+            prop.name, False, math.inf, 1.0, details={"failure": "nondeterministic", "error": str(exc)[:500]}
+        )
     except Unsatisfiable:
-        return Finding(prop.name, True, 0.0, 1.0, details={"examples": 0, "note": "no input in the domain met the premise"})
+        return _no_examples(prop)
+    except Exception as exc:  # noqa: BLE001 - an unexpected error is reported, never raised
+        return Finding(
+            prop.name,
+            False,
+            math.inf,
+            1.0,
+            details={"failure": "internal-error", "error": f"{type(exc).__name__}: {str(exc)[:500]}"},
+        )
     if not worst:
-        return Finding(prop.name, True, 0.0, 1.0, details={"examples": 0, "note": "no input in the domain met the premise"})
+        return _no_examples(prop)
     f = worst[0]
     f.details["examples"] = count[0]
     return f
+
+
+def _no_examples(prop: Property) -> Finding:
+    return Finding(prop.name, True, 0.0, 1.0, details={"examples": 0, "note": "no input in the domain met the premise"})
 
 
 def _worse(a: Finding, b: Finding) -> bool:

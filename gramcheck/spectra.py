@@ -116,8 +116,8 @@ def resolution_constant(n: int, m: int) -> int:
 # the factor path
 # --------------------------------------------------------------------------------------------------
 def _core_f64(fq: np.ndarray, fk: np.ndarray) -> tuple[np.ndarray, float]:
-    r1 = np.linalg.qr(fq, mode="r")
-    r2 = np.linalg.qr(fk, mode="r")
+    r1: np.ndarray = np.asarray(np.linalg.qr(fq, mode="r"))
+    r2: np.ndarray = np.asarray(np.linalg.qr(fk, mode="r"))
     s = np.linalg.svd(r1 @ r2.T, compute_uv=False)
     scale = float(np.linalg.norm(r1, 2) * np.linalg.norm(r2, 2))
     return s, scale
@@ -181,7 +181,12 @@ def factor_spectrum(
         return Spectrum(vals, unres, floor, "factors", "float64", size)
     if m > mp_max_m:
         return Spectrum(
-            vals, unres, floor, "factors", "float64", size,
+            vals,
+            unres,
+            floor,
+            "factors",
+            "float64",
+            size,
             note=f"m = {m} > mp_max_m = {mp_max_m}: values at or below the float64 floor are not resolved",
         )
     # bits float64 lacked for the smallest value it saw (floor / (rtol s)), plus guard bits; values

@@ -95,7 +95,7 @@ class AttentionInputs:
     q: np.ndarray
     k: np.ndarray
     v: np.ndarray
-    extras: dict[str, np.ndarray] = field(default_factory=dict)
+    extras: dict[str, Any] = field(default_factory=dict)
     kind: str = "gaussian"
     dtype: str = "float64"
     meta: dict[str, Any] = field(default_factory=dict)
@@ -107,6 +107,9 @@ class AttentionInputs:
     def __repr__(self) -> str:  # compact: Hypothesis prints it for every falsifying example
         meta = {k: v for k, v in self.meta.items() if not isinstance(v, list)}
         return f"AttentionInputs(kind={self.kind!r}, dtype={self.dtype!r}, shape={self.shape}, meta={meta})"
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:  # Hypothesis's printer: the compact form too
+        p.text(repr(self))
 
     def summary(self) -> dict[str, Any]:
         """A JSON-friendly description (for counterexamples): kind, shapes, meta, input norms."""
@@ -204,8 +207,7 @@ def _qkv(draw: Any, kind: str, B: int, H: int, N: int, d: int, dv: int, dtype: s
         # so the rank survives rounding
         r = draw(st.integers(1, min(N, d) - 1))
         q, k = (
-            (rng.integers(-1, 2, (B, H, N, r)) @ rng.integers(-1, 2, (B, H, r, d))).astype(np.float64)
-            for _ in range(2)
+            (rng.integers(-1, 2, (B, H, N, r)) @ rng.integers(-1, 2, (B, H, r, d))).astype(np.float64) for _ in range(2)
         )
         meta.update(rank=r)
         return q, k, g(vshape), meta

@@ -75,7 +75,9 @@ class Target:
         return {k: v for k, v in self.params.items() if self.variant.params.get(k) is not v}
 
     # ------------------------------------------------------------------------------------------------
-    def tensors(self, arrays: Mapping[str, np.ndarray], *, requires_grad: bool = False, dtype: str | None = None) -> dict:
+    def tensors(
+        self, arrays: Mapping[str, np.ndarray], *, requires_grad: bool = False, dtype: str | None = None
+    ) -> dict:
         torch = _torch()
         dt = getattr(torch, dtype or self.dtype)
         out = {}
@@ -136,7 +138,9 @@ class Target:
         return np.asarray(self.variant.reference(q, k, v, causal=causal, **self.params, **extras))
 
 
-def builtin(variant: Any, *, form: str | None = None, chunk_size: int = 16, dtype: Any = "float32", **params: Any) -> Target:
+def builtin(
+    variant: Any, *, form: str | None = None, chunk_size: int = 16, dtype: Any = "float32", **params: Any
+) -> Target:
     """gramcheck's own torch form of ``variant`` as a Target (``builtin:NAME`` on the command line)."""
     var = _variants.get(variant)
 

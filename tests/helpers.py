@@ -3,8 +3,8 @@ from __future__ import annotations
 import numpy as np
 
 from gramcheck import variants as V
-from gramcheck.precision import round_to
 from gramcheck.featuremaps import random_projection
+from gramcheck.precision import round_to
 
 
 def make_inputs(variant, *, B=1, H=2, N=24, d=8, dtype="float64", seed=0, m=16):

@@ -29,7 +29,7 @@ def _run(var, form, causal, dtype, q, k, v, ex, chunk_size=7):
 @pytest.mark.parametrize("name,form,causal", CASES)
 def test_torch_form_agrees_with_reference(name, form, causal, dtype):
     var = V.get(name)
-    q, k, v, ex = make_inputs(name, dtype=dtype, N=21, seed=zlib.crc32(f'{name}/{form}'.encode()) % 1000)
+    q, k, v, ex = make_inputs(name, dtype=dtype, N=21, seed=zlib.crc32(f"{name}/{form}".encode()) % 1000)
     if name == "linear-relu":  # keep every denominator positive: relu features of shifted inputs
         q, k = np.abs(q) + 0.5, np.abs(k) + 0.5
     out = _run(var, form, causal, dtype, q, k, v, ex)

@@ -94,12 +94,21 @@ def ratio_finding(
     )
 
 
-def bound_of(target: Target, ex: AttentionInputs, *, causal: bool, v: np.ndarray | None = None, **extras: Any) -> np.ndarray:
+def bound_of(
+    target: Target, ex: AttentionInputs, *, causal: bool, v: np.ndarray | None = None, **extras: Any
+) -> np.ndarray:
     """2 R(u_dtype): the componentwise rounding bound of the definition in the target's dtype
     (proofs/fp-forward-error.md), with the target's hyperparameters."""
     ex_extras = {**ex.extras, **extras}
     return rounding_bound(
-        target.variant, ex.q, ex.k, ex.v if v is None else v, causal=causal, dtype=target.dtype, **target.params, **ex_extras
+        target.variant,
+        ex.q,
+        ex.k,
+        ex.v if v is None else v,
+        causal=causal,
+        dtype=target.dtype,
+        **target.params,
+        **ex_extras,
     )
 
 

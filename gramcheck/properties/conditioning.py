@@ -19,7 +19,9 @@ ENERGY_SHARE_THRESHOLD = 0.99
 
 
 @guarded("energy-share")
-def energy_share(target: Target, ex: AttentionInputs, *, causal: bool, threshold: float = ENERGY_SHARE_THRESHOLD) -> Finding | None:
+def energy_share(
+    target: Target, ex: AttentionInputs, *, causal: bool, threshold: float = ENERGY_SHARE_THRESHOLD
+) -> Finding | None:
     """Diagnostic: flags a Gram matrix phi(Q) phi(K)^T (or the dense weight matrix) whose top singular
     value holds more than ``threshold`` of the energy sum s_i^2, i.e. attention close to rank one."""
     sps = gram_spectra(target.variant, ex.q, ex.k, causal=causal, **target.params, **ex.extras)
@@ -68,10 +70,12 @@ def unnormalised_growth(target: Target, ex: AttentionInputs, *, causal: bool) ->
     divisor = float(target.params.get("divisor", 1.0))
     n, m = fq.shape[-2], fq.shape[-1]
     slack = 1 + 2 * gamma(n + m + 2, target.dtype)
-    bound = np.stack([
-        unnormalised_output_bound(fq[b, h], fk[b, h], ex.v[b, h], divisor, causal=causal)
-        for b, h in np.ndindex(*fq.shape[:2])
-    ]).reshape(fq.shape[:3])
+    bound = np.stack(
+        [
+            unnormalised_output_bound(fq[b, h], fk[b, h], ex.v[b, h], divisor, causal=causal)
+            for b, h in np.ndindex(*fq.shape[:2])
+        ]
+    ).reshape(fq.shape[:3])
     return ratio_finding("unnormalised-growth", np.max(np.abs(o), axis=-1), bound * slack + 1e-300, ex, n=n)
 
 

@@ -50,6 +50,8 @@ def _verdict(name: str, passed: bool, ex: AttentionInputs, **details: Any) -> Fi
 def gradcheck(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding | None:
     """torch.autograd.gradcheck of the target in float64 (analytic against central differences)."""
     torch = _torch()
+    from torch.autograd.gradcheck import GradcheckError
+
     if _undefined(target, ex, causal):
         return None
     t = target.tensors({"q": ex.q, "k": ex.k, "v": ex.v, **ex.extras}, requires_grad=True, dtype="float64")
@@ -57,7 +59,7 @@ def gradcheck(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding |
     try:
         ok = torch.autograd.gradcheck(_call64(target, causal, t), (q, k, v), eps=1e-6, atol=1e-5, rtol=1e-3)
         return _verdict("gradcheck", bool(ok), ex)
-    except torch.autograd.gradcheck.GradcheckError as err:
+    except GradcheckError as err:
         return _verdict("gradcheck", False, ex, error=str(err).splitlines()[0][:300])
 
 
@@ -88,12 +90,22 @@ def finite_gradients(target: Target, ex: AttentionInputs, *, causal: bool) -> Fi
     )
 
 
-def spectral_norm(f: Callable[[Any], Any], x: Any, *, iterations: int = POWER_ITERATIONS, seed: int = 0) -> float:
-    """||J_f(x)||_2 by power iteration on J^T J (jvp then vjp through autograd). It converges from
-    below, so the estimate never exceeds the true norm (up to rounding)."""
-    torch = _torch()
-    from torch.autograd.functional import jvp, vjp
+EXACT_JACOBIAN_SIZE = 512
 
+
+def spectral_norm(f: Callable[[Any], Any], x: Any, *, iterations: int = POWER_ITERATIONS, seed: int = 0) -> float:
+    """||J_f(x)||_2: exactly (SVD of the full Jacobian) when x has at most EXACT_JACOBIAN_SIZE entries,
+    else by power iteration on J^T J (jvp then vjp), which converges from below, so the estimate never
+    exceeds the true norm (up to rounding)."""
+    torch = _torch()
+    from torch.autograd.functional import jacobian, jvp, vjp
+
+    if x.numel() <= EXACT_JACOBIAN_SIZE:
+        jac = jacobian(f, x, vectorize=True)
+        mat = jac.reshape(-1, x.numel()).detach().numpy()
+        if not np.all(np.isfinite(mat)):
+            return math.inf
+        return float(np.linalg.norm(mat, 2)) if mat.size else 0.0
     g = torch.Generator().manual_seed(seed)
     u = torch.randn(x.shape, generator=g, dtype=x.dtype)
     u = u / u.norm()
@@ -123,7 +135,9 @@ def _slice_extras(extras: dict[str, Any], b: int, h: int) -> dict[str, Any]:
     return {n: (x[b : b + 1, h : h + 1] if n == "g" else x) for n, x in extras.items()}
 
 
-def _analytic(target: Target, causal: bool, q: np.ndarray, k: np.ndarray, v: np.ndarray, extras: dict[str, Any]) -> dict[str, float]:
+def _analytic(
+    target: Target, causal: bool, q: np.ndarray, k: np.ndarray, v: np.ndarray, extras: dict[str, Any]
+) -> dict[str, float]:
     """Analytic bounds on the norms of dO/dQ, dO/dK, dO/dV for one slice q, k, v of shape (1, 1, N, d)."""
     var = target.variant
     p = attention_matrix(var, q, k, causal=causal, **target.params, **extras)[0, 0]
@@ -172,7 +186,7 @@ def jacobian_norm(target: Target, ex: AttentionInputs, *, causal: bool) -> Findi
         for wrt, bound in ana.items():
             args = {"q": q[sl], "k": k[sl], "v": v[sl]}
 
-            def g(x: Any, wrt: str = wrt, args: dict = args) -> Any:
+            def g(x: Any, wrt: str = wrt, args: dict = args, fs: Callable[..., Any] = fs) -> Any:
                 return fs(**{**args, wrt: x})
 
             est.append(spectral_norm(g, args[wrt]))
@@ -180,9 +194,11 @@ def jacobian_norm(target: Target, ex: AttentionInputs, *, causal: bool) -> Findi
             labels.append(f"{wrt}[{b},{h}]")
     est_a, bnd_a = np.array(est), np.array(bnd)
     fnd = ratio_finding("jacobian-norm", est_a, bnd_a * (1 + 1e-7) + _slack(ex.q, ex.k, ex.v), ex, rigour="sampled")
-    fnd.details.update(estimates=dict(zip(labels, map(float, est_a), strict=True)),
-                       bounds=dict(zip(labels, map(float, bnd_a), strict=True)),
-                       tightness=float(np.max(est_a / np.where(bnd_a > 0, bnd_a, np.inf))))
+    fnd.details.update(
+        estimates=dict(zip(labels, map(float, est_a), strict=True)),
+        bounds=dict(zip(labels, map(float, bnd_a), strict=True)),
+        tightness=float(np.max(est_a / np.where(bnd_a > 0, bnd_a, np.inf))),
+    )
     return fnd
 
 
@@ -212,8 +228,17 @@ def depth_growth(target: Target, ex: AttentionInputs, *, causal: bool) -> Findin
         if _undefined(target, lx, causal):
             return None
         per = max(
-            1 + sum(_analytic(target, causal, xn[b : b + 1, h : h + 1], xn[b : b + 1, h : h + 1],
-                              xn[b : b + 1, h : h + 1], _slice_extras(ex.extras, b, h)).values())
+            1
+            + sum(
+                _analytic(
+                    target,
+                    causal,
+                    xn[b : b + 1, h : h + 1],
+                    xn[b : b + 1, h : h + 1],
+                    xn[b : b + 1, h : h + 1],
+                    _slice_extras(ex.extras, b, h),
+                ).values()
+            )
             for b, h in _slices(ex)
         )
         bound *= per

@@ -86,7 +86,9 @@ def permutation_equivariance(target: Target, ex: AttentionInputs, *, causal: boo
     o_q = target(ex.q[..., perm, :], ex.k, ex.v, causal=False, **ex.extras)
     b = bound_of(target, ex, causal=False)
     err = np.concatenate([np.abs(o_kv - o).ravel(), np.abs(o_q - o[..., perm, :]).ravel()])
-    return ratio_finding("permutation-equivariance", err, np.concatenate([2 * b.ravel(), 2 * b[..., perm, :].ravel()]), ex)
+    return ratio_finding(
+        "permutation-equivariance", err, np.concatenate([2 * b.ravel(), 2 * b[..., perm, :].ravel()]), ex
+    )
 
 
 @guarded("causality")
@@ -99,13 +101,17 @@ def causality(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding |
         return None
     rng = _rng(ex, "future")
     t = int(rng.integers(0, n - 1))
-    fut = AttentionInputs(ex.q.copy(), ex.k.copy(), ex.v.copy(), {k: x.copy() for k, x in ex.extras.items()}, ex.kind, ex.dtype, ex.meta)
+    fut = AttentionInputs(
+        ex.q.copy(), ex.k.copy(), ex.v.copy(), {k: x.copy() for k, x in ex.extras.items()}, ex.kind, ex.dtype, ex.meta
+    )
     from ..precision import round_to
 
     for x in (fut.q, fut.k, fut.v):
         x[..., t + 1 :, :] = round_to(rng.standard_normal(x[..., t + 1 :, :].shape) * (1 + np.abs(x).max()), ex.dtype)
     if "g" in fut.extras:
-        fut.extras["g"][..., t + 1 :, :] = np.minimum(round_to(-rng.uniform(0, 2, fut.extras["g"][..., t + 1 :, :].shape), ex.dtype), 0)
+        fut.extras["g"][..., t + 1 :, :] = np.minimum(
+            round_to(-rng.uniform(0, 2, fut.extras["g"][..., t + 1 :, :].shape), ex.dtype), 0
+        )
     if _undefined(target, ex, True) or _undefined(target, fut, True):
         return None
     o = target(ex.q, ex.k, ex.v, causal=True, **ex.extras)[..., : t + 1, :]
@@ -129,8 +135,10 @@ def _invariance(
         return None
     o = target(ex.q, ex.k, ex.v, causal=causal, **ex.extras)
     o2 = target(changed.q, changed.k, changed.v, causal=causal, **changed.extras)
-    exact = np.abs(target.reference(changed.q, changed.k, changed.v, causal=causal, **changed.extras)
-                   - target.reference(ex.q, ex.k, ex.v, causal=causal, **ex.extras))
+    exact = np.abs(
+        target.reference(changed.q, changed.k, changed.v, causal=causal, **changed.extras)
+        - target.reference(ex.q, ex.k, ex.v, causal=causal, **ex.extras)
+    )
     b = bound_of(target, ex, causal=causal) + bound_of(target, changed, causal=causal)
     return ratio_finding(name, np.maximum(np.abs(o2 - o) - exact, 0.0), b, ex, definition_change=float(exact.max()))
 
@@ -145,8 +153,13 @@ def qk_scale_invariance(target: Target, ex: AttentionInputs, *, causal: bool) ->
     """Scaling rows of q and of k by positive constants leaves a QK-normalised output unchanged."""
     rng = _rng(ex, "scale")
     changed = AttentionInputs(
-        ex.q * _pow2_scales(rng, ex.q.shape[:-1] + (1,)), ex.k * _pow2_scales(rng, ex.k.shape[:-1] + (1,)), ex.v,
-        ex.extras, ex.kind, ex.dtype, ex.meta,
+        ex.q * _pow2_scales(rng, ex.q.shape[:-1] + (1,)),
+        ex.k * _pow2_scales(rng, ex.k.shape[:-1] + (1,)),
+        ex.v,
+        ex.extras,
+        ex.kind,
+        ex.dtype,
+        ex.meta,
     )
     return _invariance("qk-scale-invariance", target, ex, causal, changed)
 

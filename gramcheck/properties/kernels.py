@@ -66,8 +66,16 @@ def _z_finding(name: str, z: np.ndarray, crit: float, **details: Any) -> Finding
     return Finding(name, bool(measured <= crit), measured, crit, details=details)
 
 
-def kernel_unbiased(kind: str = "positive", *, m: int = 16, d: int = 16, sampler: Sampler = orf_sampler,
-                    draws: int = DRAWS, alpha: float = ALPHA, seed: int = 0) -> Finding:
+def kernel_unbiased(
+    kind: str = "positive",
+    *,
+    m: int = 16,
+    d: int = 16,
+    sampler: Sampler = orf_sampler,
+    draws: int = DRAWS,
+    alpha: float = ALPHA,
+    seed: int = 0,
+) -> Finding:
     """E[phi(x).phi(y)] = exp(x.y) (Lemma 1): max_p |mean_R(est) - SM| / (sd / sqrt(R)) <= z_crit."""
     x, y = probe_pairs(d, seed)
     est = estimates(kind, x, y, m, sampler, draws, seed)
@@ -77,22 +85,40 @@ def kernel_unbiased(kind: str = "positive", *, m: int = 16, d: int = 16, sampler
     return _z_finding("kernel-unbiased", z, crit, kind=kind, m=m, d=d, draws=draws, alpha=alpha)
 
 
-def kernel_mse(kind: str = "positive", *, m: int = 16, d: int = 16, draws: int = DRAWS, alpha: float = ALPHA,
-               seed: int = 0) -> Finding:
+def kernel_mse(
+    kind: str = "positive",
+    *,
+    m: int = 16,
+    d: int = 16,
+    draws: int = DRAWS,
+    alpha: float = ALPHA,
+    seed: int = 0,
+    sampler: Sampler = iid_sampler,
+) -> Finding:
     """iid features: the sample MSE matches bounds.favor_mse (Lemma 2), two-sided z-test on the mean of
     (est - SM)^2; details give the measured/theory ratio per pair."""
     x, y = probe_pairs(d, seed)
-    est = estimates(kind, x, y, m, iid_sampler, draws, seed)
+    est = estimates(kind, x, y, m, sampler, draws, seed)
     sq = (est - bounds.softmax_kernel(x, y)) ** 2
     theory = bounds.favor_mse(x, y, m, kind)
     z = np.abs(sq.mean(0) - theory) / (sq.std(0, ddof=1) / np.sqrt(draws))
     crit = float(_normal.isf(alpha / (2 * len(theory))))
-    return _z_finding("kernel-mse", z, crit, kind=kind, m=m, d=d, draws=draws, alpha=alpha,
-                      ratio=[float(r) for r in sq.mean(0) / theory])
+    return _z_finding(
+        "kernel-mse",
+        z,
+        crit,
+        kind=kind,
+        m=m,
+        d=d,
+        draws=draws,
+        alpha=alpha,
+        ratio=[float(r) for r in sq.mean(0) / theory],
+    )
 
 
-def orf_mse(*, m: int = 16, d: int = 16, draws: int = DRAWS, alpha: float = ALPHA, seed: int = 0,
-            sampler: Sampler = orf_sampler) -> Finding:
+def orf_mse(
+    *, m: int = 16, d: int = 16, draws: int = DRAWS, alpha: float = ALPHA, seed: int = 0, sampler: Sampler = orf_sampler
+) -> Finding:
     """Positive features, m <= d: MSE_ort <= MSE_iid - 2(m-1)/(m(d+2)) (SM - e^{-(|x|^2+|y|^2)/2})^2
     (Theorem 2), one-sided z-test at alpha; details give the measured ORF MSE / the bound."""
     x, y = probe_pairs(d, seed)
@@ -101,12 +127,14 @@ def orf_mse(*, m: int = 16, d: int = 16, draws: int = DRAWS, alpha: float = ALPH
     bound = bounds.favor_mse(x, y, m, "positive") - bounds.orf_mse_reduction(x, y, m, d)
     z = (sq.mean(0) - bound) / (sq.std(0, ddof=1) / np.sqrt(draws))
     crit = float(_normal.isf(alpha / len(bound)))
-    return _z_finding("orf-mse", z, crit, m=m, d=d, draws=draws, alpha=alpha,
-                      ratio=[float(r) for r in sq.mean(0) / bound])
+    return _z_finding(
+        "orf-mse", z, crit, m=m, d=d, draws=draws, alpha=alpha, ratio=[float(r) for r in sq.mean(0) / bound]
+    )
 
 
-def orf_conditioning(sampler: Sampler = orf_sampler, *, m: int = 32, d: int = 16, seeds: int = 20,
-                     dtype: str = "float64") -> Finding:
+def orf_conditioning(
+    sampler: Sampler = orf_sampler, *, m: int = 32, d: int = 16, seeds: int = 20, dtype: str = "float64"
+) -> Finding:
     """Each complete d-row block of an orthogonal projection has cond_2 = max/min row norm exactly
     (W_b W_b^T = diag |w_i|^2); measured = max over blocks of (cond / ratio - 1) against the rounding
     slack 2 u sqrt(d) (1 + ratio) / (1 - u sqrt(d) ratio) (proofs/orf-conditioning.md)."""
@@ -120,8 +148,14 @@ def orf_conditioning(sampler: Sampler = orf_sampler, *, m: int = 32, d: int = 16
             if dev / slack > worst / worst_bound:
                 worst, worst_bound = dev, slack
     measured = float(max(seen)) if seen else 0.0
-    return Finding("orf-conditioning", measured <= 1.0, measured, 1.0, rigour="proved",
-                   details={"max_relative_excess": worst, "m": m, "d": d, "draws": seeds})
+    return Finding(
+        "orf-conditioning",
+        measured <= 1.0,
+        measured,
+        1.0,
+        rigour="proved",
+        details={"max_relative_excess": worst, "m": m, "d": d, "draws": seeds},
+    )
 
 
 def _exact_kernel(target: Target, q: np.ndarray, k: np.ndarray) -> np.ndarray:
@@ -148,8 +182,11 @@ def row_normalisation(target: Target, ex: AttentionInputs, *, causal: bool) -> F
     l1 = bounds.row_normalisation_l1(eps)
     p_exact = np.where(keep, exact, 0.0)
     o = (p_exact @ ex.v) / p_exact.sum(-1, keepdims=True)
-    hi, lo = (np.maximum.accumulate(ex.v, -2), np.minimum.accumulate(ex.v, -2)) if causal else (
-        np.repeat(ex.v.max(-2, keepdims=True), n, -2), np.repeat(ex.v.min(-2, keepdims=True), n, -2))
+    hi, lo = (
+        (np.maximum.accumulate(ex.v, -2), np.minimum.accumulate(ex.v, -2))
+        if causal
+        else (np.repeat(ex.v.max(-2, keepdims=True), n, -2), np.repeat(ex.v.min(-2, keepdims=True), n, -2))
+    )
     out = target(ex.q, ex.k, ex.v, causal=causal, **ex.extras)
     bound = 0.5 * l1[..., None] * (hi - lo) + bound_of(target, ex, causal=causal) + 8 * np.finfo(float).eps * np.abs(o)
     return ratio_finding("row-normalisation", np.abs(out - o), bound, ex, max_eps=float(eps.max()))

@@ -48,17 +48,29 @@ def torch_normalised(
     return out[..., :dv] / (out[..., dv:] + eps)
 
 
+def in_float32(ar: Any, x: Any, fn: Any) -> Any:
+    """fn(x), computed in float32 when ``ar`` is the torch arithmetic and x is float16/bfloat16 (as
+    production norms do: sums of squares overflow float16 at |x| ~ 256), else as is."""
+    if getattr(ar, "name", "") == "torch" and str(x.dtype) in ("torch.float16", "torch.bfloat16"):
+        return fn(x.float()).to(x.dtype)
+    return fn(x)
+
+
 def standardise(ar: Any, x: Any, eps: float) -> Any:
     """(x - mean) / sqrt(var + eps) over the last axis (LayerNorm / GroupNorm per head, no affine)."""
     d = x.shape[-1]
-    c = x - ar.sum(x, axis=-1, keepdims=True) / float(d)
-    return c / ar.sqrt(ar.sum(c * c, axis=-1, keepdims=True) / float(d) + eps)
+
+    def f(y: Any) -> Any:
+        c = y - ar.sum(y, axis=-1, keepdims=True) / float(d)
+        return c / ar.sqrt(ar.sum(c * c, axis=-1, keepdims=True) / float(d) + eps)
+
+    return in_float32(ar, x, f)
 
 
 def rms_normalise(ar: Any, x: Any, eps: float) -> Any:
     """x / sqrt(mean(x^2) + eps) over the last axis (RMSNorm with unit gain, SRMSNorm)."""
     d = x.shape[-1]
-    return x / ar.sqrt(ar.sum(x * x, axis=-1, keepdims=True) / float(d) + eps)
+    return in_float32(ar, x, lambda y: y / ar.sqrt(ar.sum(y * y, axis=-1, keepdims=True) / float(d) + eps))
 
 
 def _torch() -> Any:

@@ -17,7 +17,7 @@ from typing import Any
 from ..featuremaps import elementwise, favor, favor_keys_prefix
 from ..torch_arith import TORCH
 from . import softmax
-from .common import ref_normalised, standardise, torch_normalised
+from .common import in_float32, ref_normalised, standardise, torch_normalised
 from .linear import LINEAR_FORMS
 from .spec import Variant
 
@@ -30,7 +30,7 @@ def qk_normalise(ar: Any, x: Any, *, norm: str, tau: float, norm_eps: float) -> 
     if not tau >= 0:
         raise ValueError(f"tau: got {tau!r}; expected a temperature >= 0")
     if norm == "l2":
-        n = x / ar.sqrt(ar.sum(x * x, axis=-1, keepdims=True) + norm_eps)
+        n = in_float32(ar, x, lambda y: y / ar.sqrt(ar.sum(y * y, axis=-1, keepdims=True) + norm_eps))
         return n * ar.sqrt(ar.const(tau))
     if norm == "layernorm":
         return standardise(ar, x, norm_eps) * ar.sqrt(ar.const(tau / d))

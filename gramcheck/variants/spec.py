@@ -113,8 +113,11 @@ class Variant:
         with arith.context():
             lifted = {n: arith.asarray(np.asarray(x, dtype=np.float64)) for n, x in extras.items()}
             return self.features_fn(
-                arith, arith.asarray(np.asarray(q, dtype=np.float64)), arith.asarray(np.asarray(k, dtype=np.float64)),
-                **params, **lifted,
+                arith,
+                arith.asarray(np.asarray(q, dtype=np.float64)),
+                arith.asarray(np.asarray(k, dtype=np.float64)),
+                **params,
+                **lifted,
             )
 
     def torch(

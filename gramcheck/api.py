@@ -1,0 +1,86 @@
+"""``check``: run the property catalogue against an attention function (the bound-checking API)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from . import properties as _properties
+from . import variants as _variants
+from .precision import dtype_name
+from .report import Report
+from .search import Domain, run_property
+from .strategies import KINDS, PROFILES
+from .targets import Target, builtin, resolve
+from .validation import check_choice
+
+
+def make_target(
+    target: Any,
+    variant: Any = None,
+    *,
+    dtype: Any = "float32",
+    device: str = "cpu",
+    params: dict[str, Any] | None = None,
+    timeout: float | None = 60.0,
+    form: str | None = None,
+) -> Target:
+    """A Target from a callable, 'module:attr' or 'builtin:NAME' (``variant`` defaults to NAME)."""
+    if isinstance(target, Target):
+        return target
+    fn, name = resolve(target)
+    if name is not None:  # builtin:NAME
+        if variant is not None and _variants.get(variant).name != name:
+            raise ValueError(f"variant: got {variant!r} for target builtin:{name}; expected {name!r} or None")
+        t = builtin(name, form=form, dtype=dtype, **(params or {}))
+        t.device, t.timeout = device, timeout
+        return t
+    if variant is None:
+        raise ValueError("variant: got None; expected the name of the variant the target implements")
+    label = target if isinstance(target, str) else getattr(fn, "__qualname__", repr(fn))
+    return Target(
+        fn,
+        _variants.get(variant),
+        dtype=dtype_name(dtype),
+        device=device,
+        params=params or {},
+        name=label,
+        timeout=timeout,
+    )
+
+
+def check(
+    target: Callable[..., Any] | str | Target,
+    variant: Any = None,
+    *,
+    causal: bool = False,
+    dtype: Any = "float32",
+    device: str = "cpu",
+    domain: Domain | dict[str, Any] | None = None,
+    properties: Sequence[str] | None = None,
+    profile: str = "ci",
+    seed: int = 0,
+    params: dict[str, Any] | None = None,
+    timeout: float | None = 60.0,
+) -> Report:
+    """Check ``target`` as an implementation of ``variant`` (B, H, N, d layout) and return a Report.
+
+    ``properties``: names from ``gramcheck.properties.names()`` (default: every property applicable to
+    the variant, mode and dtype); ``domain``: a ``Domain`` or its fields as a dict (kinds, max_n, max_d,
+    max_b, max_h, examples); ``profile``: 'ci' (fast, derandomised) or 'thorough'; ``params``: the
+    hyperparameters the target implements (passed to the reference)."""
+    check_choice("profile", profile, tuple(PROFILES))
+    t = make_target(target, variant, dtype=dtype, device=device, params=params, timeout=timeout)
+    var = t.variant
+    var.check_causal(causal)
+    dom = domain if isinstance(domain, Domain) else Domain(**(domain or {}))
+    for k in dom.kinds or ():
+        check_choice("domain.kinds", k, KINDS)
+    if properties is None:
+        props = _properties.applicable(var, causal, dict(t.params), dtype=t.dtype)
+    else:
+        props = [_properties.get(p) for p in properties]
+    report = Report(t.name, var.name, causal, t.dtype, device, profile, seed, dom.to_dict(), params=dict(t.overrides))
+    for p in props:
+        report.findings.append(run_property(p, t, causal=causal, domain=dom, profile_name=profile, seed=seed))
+    return report

@@ -1,0 +1,104 @@
+"""Deliberately broken attention implementations, each breaking exactly one thing a property checks.
+They follow gramcheck's calling convention fn(q, k, v, *, causal, **extras) on torch tensors."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from gramcheck import variants as V
+from gramcheck.featuremaps import elementwise, favor
+from gramcheck.torch_arith import TORCH
+from gramcheck.variants.common import torch_normalised
+
+
+def performer_without_stabiliser(q, k, v, *, causal, projection):
+    """FAVOR+ positive features with no max subtraction: features underflow to 0 for large norms."""
+    w = projection.to(q.dtype)
+    fq = favor(TORCH, q, w, is_query=True, stabilize=False)
+    fk = favor(TORCH, k, w, is_query=False, stabilize=False)
+    return torch_normalised(fq, fk, v, causal=causal, form="chunked", chunk_size=4)
+
+
+def softmax_leaking_one_future_token(q, k, v, *, causal):
+    """Causal softmax whose mask keeps j <= i + 1: token i sees token i + 1."""
+    n = q.shape[-2]
+    logits = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        keep = torch.ones(n, n, dtype=torch.bool).tril(1)
+        logits = logits.masked_fill(~keep, -math.inf)
+    return torch.softmax(logits, -1) @ v
+
+
+def linear_with_huge_eps(q, k, v, *, causal):
+    """elu+1 linear attention with eps = 1 added to the denominator (the definition has eps = 0)."""
+    phi = elementwise("elu1")
+    return torch_normalised(phi(TORCH, q), phi(TORCH, k), v, causal=causal, form="recurrent", chunk_size=1, eps=1.0)
+
+
+def linear_with_detached_features(q, k, v, *, causal):
+    """Right values, wrong gradients: the query feature map is detached from autograd."""
+    phi = elementwise("elu1")
+    return torch_normalised(phi(TORCH, q.detach()), phi(TORCH, k), v, causal=causal, form="chunked", chunk_size=4)
+
+
+def gla_with_inverted_decay(q, k, v, *, causal, g):
+    """GLA whose state is multiplied by exp(-g) >= 1 instead of exp(g): the state grows without bound."""
+    from gramcheck.forms import linear_recurrence
+
+    return linear_recurrence(q, k, v, -g, causal=True, form="recurrent")
+
+
+def linear_with_position_bias(q, k, v, *, causal):
+    """Adds a tiny position-dependent term: not permutation-equivariant."""
+    out = V.get("linear-elu").torch(q, k, v, causal=causal, form="chunked", chunk_size=4)
+    return out + 1e-3 * torch.arange(q.shape[-2], dtype=q.dtype)[:, None]
+
+
+def qknorm_without_key_norm(q, k, v, *, causal):
+    """QK-norm softmax that normalises q but not k: not invariant to scaling k."""
+    from gramcheck.variants.qknorm import qk_normalise
+
+    qn = qk_normalise(TORCH, q, norm="layernorm", tau=1.0, norm_eps=1e-6)
+    return V.get("softmax").torch(qn, k, v, causal=causal, scale=1.0)
+
+
+def qknorm_with_doubled_temperature(q, k, v, *, causal):
+    """Claims tau = 1, computes with tau = 2: weights leave the range of tau = 1."""
+    return V.get("qknorm-softmax").torch(q, k, v, causal=causal, tau=2.0)
+
+
+def normattention_without_norm(q, k, v, *, causal):
+    """TransNormer NormAttention with the output norm left out: not invariant to scaling V."""
+    phi = elementwise("elu1")
+    from gramcheck.forms import linear_recurrence
+
+    return linear_recurrence(phi(TORCH, q), phi(TORCH, k), v, causal=causal, form="chunked", chunk_size=4)
+
+
+def unnormalised_times_n(q, k, v, *, causal):
+    """Unnormalised linear attention multiplied by N: grows faster than the bound allows."""
+    return V.get("linear-unnormalised").torch(q, k, v, causal=causal) * q.shape[-2]
+
+
+def softmax_shifted(q, k, v, *, causal):
+    """Adds 0.5 to every output: leaves the convex hull of the values."""
+    return V.get("softmax").torch(q, k, v, causal=causal) + 0.5
+
+
+def softmax_amplified_values(q, k, v, *, causal):
+    """O = 1.5 P V: right shape, Jacobian with respect to V 1.5 times too large."""
+    return 1.5 * V.get("softmax").torch(q, k, v, causal=causal)
+
+
+def coarse_output(q, k, v, *, causal):
+    """Correct formula, output rounded through float8 (e4m3): far beyond bfloat16's error."""
+    out = V.get("linear-elu").torch(q, k, v, causal=causal, form="chunked", chunk_size=4)
+    return out.to(torch.float8_e4m3fn).to(q.dtype)
+
+
+def performer_with_halved_rows(q, k, v, *, causal, projection):
+    """FAVOR+ whose denominator is doubled: rows of weights sum to 1/2, so the output misses the exact
+    softmax output by more than the kernel error can explain."""
+    return V.get("performer-positive").torch(q, k, v, causal=causal, projection=projection) / 2
