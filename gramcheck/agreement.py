@@ -51,15 +51,19 @@ def check_agreement(
             name, False, float("inf"), 1.0, details={"error": f"output shape {out.shape}, expected {t.value.shape}"}
         )
     defined = ~t.undefined
+    # where the rounding model's bound is infinite (a denominator that can round to zero in this dtype,
+    # features that underflow) the definition cannot be computed in this dtype at all: no error is
+    # excluded, and such entries are counted, not judged
+    unbounded = defined & ~np.isfinite(bound)
+    judged = defined & ~unbounded
     err = np.abs(out - t.value) + t.bound  # worst case over the truth's own uncertainty
     with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(defined, err / bound, 0.0)
+        ratio = np.where(judged, err / bound, 0.0)
     ratio = np.where(np.isnan(ratio), np.inf, ratio)
     worst = np.unravel_index(int(np.argmax(ratio)), ratio.shape)
     measured = float(ratio[worst])
-    bits = float(
-        np.log2(max(np.max(np.where(defined, np.abs(out - t.value), 0.0)) / max(float(bound[worst]), 1e-300), 1.0))
-    )
+    abs_err = np.where(judged, np.abs(out - t.value), 0.0)
+    bits = float(np.log2(max(float(np.nanmax(abs_err, initial=0.0)) / max(float(bound[worst]), 1e-300), 1.0)))
     return Finding(
         name,
         bool(measured <= 1.0),
@@ -70,9 +74,10 @@ def check_agreement(
         if measured <= 1.0
         else {"index": [int(i) for i in worst], "error": float(err[worst]), "bound": float(bound[worst])},
         details={
-            "max_abs_error": float(np.max(np.where(defined, np.abs(out - t.value), 0.0))),
+            "max_abs_error": float(np.max(abs_err)),
             "oracle": t.arithmetic,
             "undefined_entries": int(t.undefined.sum()),
+            "unbounded_entries": int(unbounded.sum()),
             "bits_beyond_bound": bits,
             "dtype": dtype_name(dtype),
         },

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from . import properties as _properties
 from . import variants as _variants
@@ -13,6 +15,9 @@ from .search import Domain, run_property
 from .strategies import KINDS, PROFILES
 from .targets import Target, builtin, resolve
 from .validation import check_choice
+
+if TYPE_CHECKING:
+    from .certificate import Certificate
 
 
 def make_target(
@@ -84,3 +89,74 @@ def check(
     for p in props:
         report.findings.append(run_property(p, t, causal=causal, domain=dom, profile_name=profile, seed=seed))
     return report
+
+
+def target_spec(target: Any) -> str:
+    """What a certificate records so that ``verify`` can re-import the target."""
+    if isinstance(target, str):
+        return target
+    if isinstance(target, Target):
+        return target.name
+    mod, qual = getattr(target, "__module__", None), getattr(target, "__qualname__", None)
+    if mod and qual and "<locals>" not in qual and mod != "__main__":
+        return f"{mod}:{qual}"
+    return f"python:{qual or repr(target)}"
+
+
+def certify(
+    target: Callable[..., Any] | str,
+    variant: Any = None,
+    *,
+    out: str | None = None,
+    **kwargs: Any,
+) -> Certificate:
+    """Run ``check`` and turn its Report into a Certificate (written to ``out`` when given, with its
+    counterexample .npz files beside it). Same keywords as ``check``."""
+    from .certificate import from_report, source_hash
+
+    report = check(target, variant, **kwargs)
+    fn, name = resolve(target) if not isinstance(target, Target) else (target.fn, None)
+    src = None if name is not None else source_hash(fn)
+    stem = "certificate" if out is None else Path(out).stem
+    cert = from_report(report, target_spec=target_spec(target), source=src, stem=stem)
+    if out is not None:
+        cert.write(out)
+    return cert
+
+
+@dataclass
+class Verification:
+    """``ok``: the re-run reproduced every verdict and value; ``differences`` lists what changed."""
+
+    ok: bool
+    differences: list[str]
+    original: dict[str, Any]
+    rerun: dict[str, Any]
+
+
+def verify(path: str | Path) -> Verification:
+    """Load a certificate (schema, content hash and counterexample hashes are checked; a problem raises
+    CertificateError), re-run the same check and compare."""
+    from .certificate import CertificateError, differences, load
+
+    data = load(path)
+    spec = data["target"]["spec"]
+    if spec.startswith("python:"):
+        raise CertificateError(
+            f"certificate: target {spec!r} was a local callable; verify needs an importable 'module:attr' target"
+        )
+    env = data["environment"]
+    cert = certify(
+        spec,
+        None if spec.startswith("builtin:") else data["variant"],
+        causal=data["causal"],
+        dtype=env["dtype"],
+        device=env["device"],
+        domain=data["domain"],
+        properties=[e["property"] for e in data["properties"]],
+        profile=data["profile"],
+        seed=data["seed"],
+        params=data["params"] or None,
+    )
+    diffs = differences(data, cert.data)
+    return Verification(not diffs, diffs, data, cert.data)

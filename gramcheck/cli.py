@@ -1,81 +1,315 @@
-"""The ``gramcheck`` command (argparse; rich tables)."""
+"""The ``gramcheck`` command (argparse; rich tables and progress).
+
+    gramcheck list                                   variants, forms, properties
+    gramcheck check TARGET --variant V [options]     table of findings; exit 1 on any failure
+    gramcheck certify TARGET --variant V -o FILE     the same, written as a certificate
+    gramcheck verify FILE                            re-run a certificate; exit 1 on any difference
+    gramcheck spectrum --variant V --n N --d D       spectral diagnostics of generated inputs [--plot PNG]
+    gramcheck demo                                   every built-in variant: table + ./certificates/
+
+Exit codes: 0 success, 1 a property failed or a certificate did not reproduce, 2 bad arguments or input.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import shutil
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 from . import __version__
+from . import properties as _properties
 from . import variants as _variants
+from .strategies import KINDS, PROFILES
 
 
-def _console():  # type: ignore[no-untyped-def]
-    import shutil
-
+def _console() -> Any:
     from rich.console import Console
 
     return Console(width=max(shutil.get_terminal_size((140, 40)).columns, 140))
 
 
+def _param(text: str) -> tuple[str, Any]:
+    """KEY=VALUE with VALUE parsed as JSON when it parses (numbers, true/false/null), else a string."""
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"--param: got {text!r}; expected KEY=VALUE")
+    key, raw = text.split("=", 1)
+    try:
+        return key, json.loads(raw)
+    except json.JSONDecodeError:
+        return key, raw
+
+
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"got {text!r}; expected a positive integer") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"got {n}; expected a positive integer")
+    return n
+
+
+def _check_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    domain = {"max_n": args.max_n, "max_d": args.max_d, "examples": args.examples,
+              "kinds": tuple(args.kind) if args.kind else None}
+    return {
+        "causal": args.causal,
+        "dtype": args.dtype,
+        "device": args.device,
+        "domain": domain,
+        "properties": args.property or None,
+        "profile": args.profile,
+        "seed": args.seed,
+        "params": dict(args.param) if args.param else None,
+        "timeout": args.timeout,
+    }
+
+
+def _findings_table(title: str, findings: Sequence[Any]) -> Any:
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in ("property", "verdict", "measured", "bound", "margin", "rigour", "examples", "note"):
+        table.add_column(col, justify="right" if col in ("measured", "bound", "margin", "examples") else "left")
+    for f in findings:
+        note = f.failure or ""
+        if not f.passed and f.counterexample:
+            ce = f.counterexample
+            note = (note + " " if note else "") + f"{ce.get('kind', '')} shape={ce.get('shape', '')}"
+        table.add_row(
+            f.name,
+            "[green]pass[/green]" if f.passed else "[red]FAIL[/red]",
+            f"{f.measured:.3g}",
+            f"{f.bound:.3g}",
+            f"{f.margin:.3g}",
+            f.rigour,
+            str(f.details.get("examples", "")),
+            note,
+        )
+    return table
+
+
+def _run_check(args: argparse.Namespace) -> Any:
+    """check with a progress bar over properties; returns the Report."""
+    from rich.progress import Progress
+
+    from .api import make_target
+    from .report import Report
+    from .search import Domain, run_property
+
+    kw = _check_kwargs(args)
+    t = make_target(args.target, args.variant, dtype=kw["dtype"], device=kw["device"], params=kw["params"],
+                    timeout=kw["timeout"])
+    t.variant.check_causal(kw["causal"])
+    dom = Domain(**kw["domain"])
+    props = ([_properties.get(p) for p in kw["properties"]] if kw["properties"]
+             else _properties.applicable(t.variant, kw["causal"], dict(t.params), dtype=t.dtype))
+    report = Report(t.name, t.variant.name, kw["causal"], t.dtype, kw["device"], kw["profile"], kw["seed"],
+                    dom.to_dict(), params=dict(t.overrides))
+    with Progress(console=_console(), transient=True, disable=not sys.stderr.isatty()) as progress:
+        task = progress.add_task("checking", total=len(props))
+        for p in props:
+            progress.update(task, description=f"{p.name}")
+            report.findings.append(run_property(p, t, causal=kw["causal"], domain=dom, profile_name=kw["profile"],
+                                                seed=kw["seed"]))
+            progress.advance(task)
+    return report
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     from rich.table import Table
 
+    console = _console()
     table = Table(title="gramcheck variants")
     for col in ("name", "forms", "declares", "inputs", "summary"):
         table.add_column(col)
     for v in _variants.list():
         table.add_row(v.name, ", ".join(v.forms), ", ".join(sorted(v.declares)), ", ".join(v.inputs), v.summary)
-    _console().print(table)
+    console.print(table)
+    props = Table(title="gramcheck properties")
+    for col in ("name", "proof", "summary"):
+        props.add_column(col)
+    for p in _properties.CATALOGUE:
+        props.add_row(p.name + ("" if p.default else " (diagnostic)"), f"proofs/{p.proof}", p.summary)
+    console.print(props)
+    return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    report = _run_check(args)
+    if args.json:
+        print(json.dumps(report.to_dict(), default=str, sort_keys=True))
+    else:
+        console = _console()
+        console.print(_findings_table(report.summary().splitlines()[0], report.findings))
+        console.print(f"{len(report.findings) - len(report.failures)} passed, {len(report.failures)} failed")
+    return 0 if report.passed else 1
+
+
+def cmd_certify(args: argparse.Namespace) -> int:
+    from .api import target_spec
+    from .certificate import from_report, source_hash
+    from .targets import resolve
+
+    report = _run_check(args)
+    fn, name = resolve(args.target)
+    cert = from_report(report, target_spec=target_spec(args.target), source=None if name else source_hash(fn),
+                       stem=Path(args.output).stem)
+    path = cert.write(args.output)
+    console = _console()
+    console.print(_findings_table(report.summary().splitlines()[0], report.findings))
+    console.print(f"certificate written to {path} ({'passed' if cert.passed else 'FAILED'}; "
+                  f"{len(cert.attachments)} counterexample file(s))")
+    return 0 if cert.passed else 1
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from .api import verify
+
+    result = verify(args.certificate)
+    console = _console()
+    if result.ok:
+        verdict = "passed" if result.original["passed"] else "failed (as recorded)"
+        console.print(f"{args.certificate}: reproduced ({len(result.original['properties'])} properties, {verdict})")
+        return 0
+    console.print(f"[red]{args.certificate}: did not reproduce[/red]")
+    for d in result.differences:
+        console.print(f"  {d}")
+    return 1
+
+
+def cmd_spectrum(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from . import spectra
+    from .strategies import attention_inputs, sample
+
+    var = _variants.get(args.variant)
+    causal = args.causal or "causal-only" in var.declares
+    ex = sample(attention_inputs(var, kinds=[args.kind], min_n=args.n, max_n=args.n, min_d=args.d, max_d=args.d,
+                                 max_h=1, m=args.m), seed=args.seed)
+    params = dict(args.param) if args.param else {}
+    sps = spectra.gram_spectra(var, ex.q, ex.k, causal=causal, normalised=args.normalised, **params, **ex.extras)
+    table = Table(title=f"{var.name}: spectrum of the {'weight' if args.normalised else 'Gram'} matrix, "
+                        f"kind {args.kind}, N={args.n}, d={args.d}{', causal' if causal else ''}")
+    for col in ("head", "method", "arithmetic", "rank", "unresolved", "floor", "s_1", "s_r", "condition",
+                "eff. rank", "energy share"):
+        table.add_column(col)
+    for sp in sps:
+        s1 = f"{sp.values[0]:.4g}" if sp.rank else "-"
+        sr = f"{sp.values[-1]:.4g}" if sp.rank else "-"
+        table.add_row(str(sp.head), sp.method, sp.arithmetic, str(sp.rank), str(sp.unresolved), f"{sp.floor:.2g}",
+                      s1, sr, f"{sp.condition:.4g}", f"{sp.effective_rank:.3g}", f"{sp.energy_share:.4f}")
+    console = _console()
+    console.print(table)
+    if var.features_fn is not None:
+        fq, fk = var.features(ex.q, ex.k, **params, **ex.extras)
+        margin = spectra.normaliser_margin(fq, fk, causal=causal)
+        console.print(f"normaliser margin {margin['margin']:.4g}, range {margin['range']:.4g}")
+    if sps[0].note:
+        console.print(sps[0].note)
+    if args.plot:
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:
+            console.print("--plot needs matplotlib (pip install matplotlib); no plot written")
+            return 2
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for sp in sps:
+            ax.semilogy(range(1, sp.rank + 1), sp.values, marker=".", label=f"head {sp.head}")
+            ax.axhline(sp.floor, linestyle=":", linewidth=0.8)
+        ax.set_xlabel("index")
+        ax.set_ylabel("singular value")
+        ax.set_title(f"{var.name} ({args.kind}), dotted: resolution floor")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(args.plot, dpi=100, metadata={"Software": None})
+        console.print(f"plot written to {args.plot}")
     return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from rich.table import Table
-
     from .demo import run_demo
 
     t0 = time.perf_counter()
-    table = Table(title="gramcheck demo: built-in torch forms against the oracle (error / gamma-bound)")
-    for col in ("variant", "form", "mode", "dtype", "oracle", "max err", "err/bound", "verdict"):
-        table.add_column(col, justify="right" if col in ("max err", "err/bound") else "left")
-    failed = 0
-    dtypes = tuple(args.dtype) if args.dtype else ("float32", "float64")
-    for f in run_demo(dtypes=dtypes, seed=args.seed):
-        d = f.details
-        failed += not f.passed
-        table.add_row(
-            d["variant"],
-            d["form"],
-            "causal" if d["causal"] else "full",
-            d["dtype"],
-            d["oracle"],
-            f"{d.get('max_abs_error', float('nan')):.2e}",
-            f"{f.measured:.3f}",
-            "[green]pass[/green]" if f.passed else "[red]FAIL[/red]",
-        )
     console = _console()
+    table, certs, failed = run_demo(seed=args.seed, out=Path(args.output))
     console.print(table)
-    console.print(f"{table.row_count} checks, {failed} failed, {time.perf_counter() - t0:.1f} s")
+    console.print(certs)
+    console.print(f"{failed} failed; certificates in {args.output}/; {time.perf_counter() - t0:.1f} s")
     return 1 if failed else 0
 
 
+def _add_check_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("target", help="'module:attr', or 'builtin:NAME' for gramcheck's own torch form")
+    p.add_argument("--variant", help="the variant the target implements (default for builtin: NAME)")
+    p.add_argument("--causal", action="store_true", help="check the causal mode")
+    p.add_argument("--dtype", default="float32", choices=["float64", "float32", "bfloat16", "float16"])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--profile", default="ci", choices=sorted(PROFILES))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--property", action="append", choices=_properties.names(), help="repeatable; default all")
+    p.add_argument("--kind", action="append", choices=KINDS, help="input kinds to draw (repeatable)")
+    p.add_argument("--max-n", type=_positive, default=32)
+    p.add_argument("--max-d", type=_positive, default=8)
+    p.add_argument("--examples", type=_positive, default=None, help="examples per property (default: profile's)")
+    p.add_argument("--param", action="append", type=_param, help="hyperparameter KEY=VALUE (repeatable)")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds one target call may take")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="gramcheck", description=__doc__)
+    p = argparse.ArgumentParser(prog="gramcheck", description="Property tests, error bounds and stability "
+                                "certificates for linear and kernelized attention.")
     p.add_argument("--version", action="version", version=f"gramcheck {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
-    sub.add_parser("list", help="variants, forms and declared properties").set_defaults(fn=cmd_list)
-    d = sub.add_parser("demo", help="check every built-in variant against the oracle and print a table")
+    sub.add_parser("list", help="variants, forms and properties").set_defaults(fn=cmd_list)
+    c = sub.add_parser("check", help="check a target; exit 1 on any failure")
+    _add_check_options(c)
+    c.add_argument("--json", action="store_true", help="print the report as JSON")
+    c.set_defaults(fn=cmd_check)
+    ce = sub.add_parser("certify", help="check a target and write a certificate")
+    _add_check_options(ce)
+    ce.add_argument("-o", "--output", default="certificate.json")
+    ce.set_defaults(fn=cmd_certify)
+    v = sub.add_parser("verify", help="re-run a certificate; exit 1 on any difference")
+    v.add_argument("certificate")
+    v.set_defaults(fn=cmd_verify)
+    s = sub.add_parser("spectrum", help="spectral diagnostics of generated inputs")
+    s.add_argument("--variant", required=True, choices=_variants.names())
+    s.add_argument("--n", type=_positive, default=64)
+    s.add_argument("--d", type=_positive, default=16)
+    s.add_argument("--m", type=_positive, default=None, help="random features (random-feature variants)")
+    s.add_argument("--kind", default="gaussian", choices=KINDS)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--causal", action="store_true")
+    s.add_argument("--normalised", action="store_true", help="the row-normalised weight matrix instead of A")
+    s.add_argument("--param", action="append", type=_param)
+    s.add_argument("--plot", help="write a PNG of the singular values (needs matplotlib)")
+    s.set_defaults(fn=cmd_spectrum)
+    d = sub.add_parser("demo", help="check every built-in variant; table and certificates")
     d.add_argument("--seed", type=int, default=0)
-    d.add_argument("--dtype", action="append", choices=["float32", "float64"], help="repeatable; default both")
+    d.add_argument("-o", "--output", default="certificates")
     d.set_defaults(fn=cmd_demo)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.fn(args))
+    from .certificate import CertificateError
+
+    try:
+        return int(args.fn(args))
+    except (ValueError, TypeError, CertificateError) as exc:  # bad input: a clear message, exit 2
+        print(f"gramcheck {args.command}: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

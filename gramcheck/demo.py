@@ -1,8 +1,11 @@
-"""The README's main job: check every built-in variant's torch forms against the oracle."""
+"""The README's main job: check every built-in variant's torch forms against the oracle (one table row per
+form, mode and dtype), then certify every built-in variant with the default catalogue and write the
+certificates to ./certificates/."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -12,6 +15,17 @@ from .agreement import check_agreement
 from .featuremaps import random_projection
 from .findings import Finding
 from .precision import round_to
+
+# real failure modes of built-in variants that the catalogue reports (proofs/invariants.md): the demo
+# shows them as failures and does not count them against its exit status
+KNOWN_FINDINGS = {
+    ("linear-relu", "normaliser-margin"): "relu features: a row with no positive overlap has den = 0 (0/0)",
+    ("performer-trig", "normaliser-margin"): "trig features: denominators can be negative",
+}
+# FAVOR+ features underflow for |x|^2 / (2 sqrt d) beyond the exponent range, in every dtype: random-feature
+# variants are certified on bounded-norm kinds (the domain is recorded in each certificate)
+BOUNDED_KINDS = ("gaussian", "spectrum", "low-rank", "near-duplicate", "heavy-tail", "anti-aligned", "degenerate", "long")
+DEMO_DOMAIN = {"max_n": 16, "max_d": 4, "examples": 10}
 
 
 def demo_inputs(
@@ -32,7 +46,9 @@ def demo_inputs(
     return q, k, v, extras
 
 
-def run_demo(dtypes: tuple[str, ...] = ("float32", "float64"), seed: int = 0, chunk_size: int = 8) -> Iterator[Finding]:
+def form_findings(
+    dtypes: tuple[str, ...] = ("float32", "float64"), seed: int = 0, chunk_size: int = 8
+) -> Iterator[Finding]:
     """One reference-agreement Finding per (variant, form, causal mode, dtype)."""
     import torch
 
@@ -49,3 +65,42 @@ def run_demo(dtypes: tuple[str, ...] = ("float32", "float64"), seed: int = 0, ch
                     f = check_agreement(name, out.double().numpy(), var, q, k, v, causal=causal, dtype=dtype, **ex)
                     f.details.update(variant=var.name, form=form, causal=causal)
                     yield f
+
+
+def run_demo(seed: int = 0, out: Path = Path("certificates")) -> tuple[Any, Any, int]:
+    """(forms table, certificates table, number of unexpected failures)."""
+    from rich.table import Table
+
+    from .api import certify
+
+    forms = Table(title="built-in torch forms against the oracle (error / gamma-bound, <= 1 passes)")
+    for col in ("variant", "form", "mode", "dtype", "oracle", "max err", "err/bound", "verdict"):
+        forms.add_column(col, justify="right" if col in ("max err", "err/bound") else "left")
+    failed = 0
+    for f in form_findings(seed=seed):
+        d = f.details
+        failed += not f.passed
+        forms.add_row(d["variant"], d["form"], "causal" if d["causal"] else "full", d["dtype"], d["oracle"],
+                      f"{d.get('max_abs_error', float('nan')):.2e}", f"{f.measured:.3f}",
+                      "[green]pass[/green]" if f.passed else "[red]FAIL[/red]")
+
+    certs = Table(title=f"certificates ({out}/): default properties, profile ci, seed {seed}")
+    for col in ("variant", "mode", "properties", "failed", "worst margin", "file"):
+        certs.add_column(col)
+    out.mkdir(parents=True, exist_ok=True)
+    for var in _variants.list():
+        causal = "causal-only" in var.declares
+        kinds = BOUNDED_KINDS if "random-features" in var.declares else None
+        path = out / f"{var.name}.json"
+        cert = certify(f"builtin:{var.name}", causal=causal, seed=seed, domain={**DEMO_DOMAIN, "kinds": kinds},
+                       out=str(path))
+        entries = cert.data["properties"]
+        bad = [e["property"] for e in entries if e["verdict"] == "fail"]
+        unexpected = [p for p in bad if (var.name, p) not in KNOWN_FINDINGS]
+        failed += len(unexpected)
+        margins = [e["margin"] for e in entries if isinstance(e["margin"], float)]
+        label = ", ".join(f"{p} (known: {KNOWN_FINDINGS[(var.name, p)]})" if (var.name, p) in KNOWN_FINDINGS
+                          else f"[red]{p}[/red]" for p in bad) or "-"
+        certs.add_row(var.name, "causal" if causal else "full", str(len(entries)), label,
+                      f"{min(margins):.3g}" if margins else "-", str(path))
+    return forms, certs, failed

@@ -93,6 +93,23 @@ def favor(
     return (feats + feature_eps) / ar.sqrt(ar.const(count))
 
 
+def favor_keys_prefix_ref(
+    ar: Any, x: Any, projection: Any, *, kind: str = "positive", scale: float | None = None
+) -> tuple[Any, Any]:
+    """The definition of ``favor_keys_prefix`` in any arithmetic: the running maxima M_t are exact
+    constants (from the computed log-amplitudes, as ``stop_max``), g_t = M_{t-1} - M_t is computed in the
+    arithmetic, so the decays cancel exactly in the normalised output whatever M is."""
+    log_amp, mult, count = _favor_parts(ar, x, projection, kind, scale)
+    c = np.asarray(ar.to_float64(ar.stop_max(log_amp, -1)), dtype=np.float64)  # (B, H, N, 1)
+    run = np.maximum.accumulate(c, axis=-2)
+    prev = np.concatenate([run[..., :1, :], run[..., :-1, :]], axis=-2)
+    g = ar.asarray(prev) - ar.asarray(run)
+    feats = ar.exp(log_amp - ar.asarray(run))
+    if mult is not None:
+        feats = feats * mult
+    return feats / ar.sqrt(ar.const(count)), g
+
+
 def favor_keys_prefix(
     x: Any, projection: Any, *, kind: str = "positive", scale: float | None = None
 ) -> tuple[Any, Any]:

@@ -16,8 +16,9 @@ Three forms compute it:
   t >= s inside a chunk and as the decay from a chunk's start or to its end, all with non-positive
   exponents: nothing overflows however long the sequence or strong the decay.
 
-Gate cumulative sums and the states S (sums over up to N tokens) are accumulated in at least float32,
-as fla's kernels do; products inside a chunk run in the data dtype, and the output is cast back to it.
+Gate cumulative sums are accumulated in float64 and the states S (sums over up to N tokens) in at least
+float32 (fla's kernels use float32 for both; float32 cumulative gates lost accuracy in our tests, see
+``_gate_dtype``); products inside a chunk run in the data dtype, and the output is cast back to it.
 (Accumulating the state in bfloat16 made the chunked form three times less accurate than the naive
 definition in bfloat16: the low-precision rule, proofs/low-precision-rule.md, caught it.)
 """
@@ -37,9 +38,19 @@ def _torch() -> Any:
     return torch
 
 
-def _gate_dtype(x: Any) -> Any:
+def _acc_dtype(x: Any) -> Any:
+    """Accumulation dtype of the states: at least float32."""
     torch = _torch()
     return torch.promote_types(x.dtype, torch.float32)
+
+
+def _gate_dtype(x: Any) -> Any:
+    """Dtype of the cumulative log-decays b_t = sum_{s<=t} g_s: float64 (float32 on MPS, which has no
+    float64). exp(b_t - b_s) needs b_t - b_s to relative precision, but b itself can be large (a strong
+    decay followed by weak ones: b ~ -4000, b_t - b_s ~ -0.01); float32 keeps only |b| 2^-24 of it
+    (proofs/fp-forward-error.md)."""
+    torch = _torch()
+    return torch.float32 if x.device.type == "mps" else torch.float64
 
 
 def linear_recurrence(
@@ -94,7 +105,7 @@ def parallel(q: Any, k: Any, v: Any, g: Any = None, *, causal: bool) -> Any:
 def recurrent(q: Any, k: Any, v: Any, g: Any = None, *, causal: bool) -> Any:
     torch = _torch()
     B, H, N, dk = q.shape
-    acc = _gate_dtype(q)
+    acc = _acc_dtype(q)
     qa, ka, va = q.to(acc), k.to(acc), v.to(acc)
     state = qa.new_zeros(B, H, dk, v.shape[-1])
     if not causal:
@@ -128,7 +139,7 @@ def chunked(q: Any, k: Any, v: Any, g: Any = None, *, causal: bool, chunk_size: 
     dv = v.shape[-1]
     qc, kc, vc = _pad_chunks(q, c), _pad_chunks(k, c), _pad_chunks(v, c)
     nc = qc.shape[2]
-    acc = _gate_dtype(q)
+    acc = _acc_dtype(q)
     if not causal:
         state = q.new_zeros(B, H, dk, dv, dtype=acc)
         for i in range(nc):

@@ -282,6 +282,8 @@ def attention_inputs(
     max_h: int = 2,
     m: int | None = None,
     gate: str | None = None,
+    min_n: int = 1,
+    min_d: int = 1,
 ) -> AttentionInputs:
     """Adversarial inputs for ``variant`` (a name, a Variant or None for plain q, k, v): one of
     ``kinds`` (default all) with sizes B <= max_b, H <= max_h, N <= max_n, d <= max_d, rounded to
@@ -294,21 +296,21 @@ def attention_inputs(
     kinds = tuple(KINDS if kinds is None else kinds)
     for k in kinds:
         check_choice("kinds", k, KINDS)
-    if max_n < 1 or max_d < 1:
-        raise ValueError(f"max_n, max_d: got {max_n}, {max_d}; expected sizes >= 1")
+    if not 1 <= min_n <= max_n or not 1 <= min_d <= max_d:
+        raise ValueError(f"max_n, max_d: got N in [{min_n}, {max_n}], d in [{min_d}, {max_d}]; expected 1 <= min <= max")
     var = None if variant is None else _variants.get(variant)
     kind = draw(st.sampled_from(kinds))
     B = draw(st.integers(1, max(1, max_b)))
     H = draw(st.integers(1, max(1, max_h)))
     if kind == "long":
-        N = draw(st.integers(max(1, max_n // 2), max_n))
-        d = draw(st.integers(1, min(max_d, 4)))
+        N = draw(st.integers(max(min_n, max_n // 2), max_n))
+        d = draw(st.integers(min_d, max(min_d, min(max_d, 4))))
     elif kind == "degenerate":
-        N = draw(st.sampled_from(sorted({1, 2, max_n})))
-        d = draw(st.sampled_from(sorted({1, 2, max_d})))
+        N = draw(st.sampled_from(sorted({max(min_n, x) for x in (1, 2, max_n)})))
+        d = draw(st.sampled_from(sorted({max(min_d, x) for x in (1, 2, max_d)})))
     else:
-        N = draw(st.integers(1, max_n))
-        d = draw(st.integers(1, max_d))
+        N = draw(st.integers(min_n, max_n))
+        d = draw(st.integers(min_d, max_d))
     if kind in ("near-duplicate", "low-rank"):
         N = max(N, 2)
     if kind == "low-rank":
@@ -326,3 +328,22 @@ def attention_inputs(
     big = max_finite(dt)  # heavy tails can leave float16's range: keep every input finite
     q, k, v = (np.clip(round_to(np.clip(x, -big, big), dt), -big, big) for x in (q, k, v))
     return AttentionInputs(q, k, v, extras, kind, dt, meta)
+
+
+def sample(strategy: Any, seed: int = 0, index: int = 5) -> Any:
+    """A deterministic draw from ``strategy``: the ``index``-th example Hypothesis generates under
+    ``seed`` (for diagnostics outside a search, e.g. ``gramcheck spectrum``)."""
+    from hypothesis import Phase, given
+    from hypothesis import seed as hseed
+
+    out: list[Any] = []
+
+    @hseed(seed)
+    @settings(max_examples=index + 1, database=None, derandomize=False, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck), deadline=None)
+    @given(strategy)
+    def collect(x: Any) -> None:
+        out.append(x)
+
+    collect()
+    return out[-1]

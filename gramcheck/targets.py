@@ -72,7 +72,7 @@ class Target:
     @property
     def overrides(self) -> dict[str, Any]:
         """The hyperparameters that differ from the variant's defaults (passed to the reference)."""
-        return {k: v for k, v in self.params.items() if self.variant.params.get(k) is not v}
+        return {k: v for k, v in self.params.items() if k not in self.variant.params or self.variant.params[k] != v}
 
     # ------------------------------------------------------------------------------------------------
     def tensors(

@@ -102,3 +102,13 @@ def performer_with_halved_rows(q, k, v, *, causal, projection):
     """FAVOR+ whose denominator is doubled: rows of weights sum to 1/2, so the output misses the exact
     softmax output by more than the kernel error can explain."""
     return V.get("performer-positive").torch(q, k, v, causal=causal, projection=projection) / 2
+
+
+def performer_global_key_stabiliser(q, k, v, *, causal, projection):
+    """Causal FAVOR+ as the reference code writes it: keys stabilised by their maximum over *all* tokens.
+    A future outlier key moves the shift for every earlier key: past outputs change (and can underflow to
+    0/0), so the form is not causal in floating point."""
+    w = projection.to(q.dtype)
+    fq = favor(TORCH, q, w, is_query=True)
+    fk = favor(TORCH, k, w, is_query=False)
+    return torch_normalised(fq, fk, v, causal=causal, form="chunked", chunk_size=4)

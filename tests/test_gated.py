@@ -85,3 +85,30 @@ def test_diag_attention_is_block_local():
     b = da.reference(q, k, v2, block_size=4)
     np.testing.assert_array_equal(a[0, 0, :8], b[0, 0, :8])
     assert np.all(a[0, 0, 8:] != b[0, 0, 8:])
+
+
+def test_strong_then_weak_decay_keeps_relative_accuracy_in_chunks(monkeypatch):
+    """g = [-4000, -0.01, -0.01, ...]: inside a chunk b_t - b_s is small while b is ~ -4000. Cumulative
+    log-decays in float32 keep only 4000 * 2^-24 of b_t - b_s (relative error ~ 2e-4 in the decays); the
+    forms accumulate them in float64 (forms._gate_dtype). The agreement check fails on the float32 way."""
+    import torch
+
+    import gramcheck.forms as forms
+    from gramcheck.agreement import check_agreement
+
+    N, d = 12, 2
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, 1, N, d)).astype(np.float32).astype(np.float64) for _ in range(3))
+    g = np.full((1, 1, N, d), -0.01)
+    g[:, :, 0] = -4000.0
+    g = g.astype(np.float32).astype(np.float64)
+    args = [torch.tensor(x).float() for x in (q, k, v, g)]
+
+    def run():
+        out = V.get("gla").torch(args[0], args[1], args[2], causal=True, form="chunked", chunk_size=16, g=args[3])
+        return check_agreement("agreement", out.double().numpy(), "gla", q, k, v, causal=True, dtype="float32", g=g)
+
+    assert run().passed
+    monkeypatch.setattr(forms, "_gate_dtype", lambda x: torch.float32)
+    f = run()
+    assert not f.passed and f.measured > 10

@@ -35,6 +35,27 @@ def ref_normalised(ar: Any, fq: Any, fk: Any, v: Any, *, causal: bool, eps: floa
     return ar.div(ar.matmul(a, v), ar.sum(a, axis=-1, keepdims=True) + eps)
 
 
+def gated_recurrence(ar: Any, q: Any, k: Any, v: Any, alpha: Any) -> Any:
+    """S_t = diag(alpha_t) S_{t-1} + k_t v_t^T, o_t = S_t^T q_t, one token at a time (the definition of
+    every gated linear recurrence). alpha (B, H, N, d_k) or (B, H, N, 1), already exponentiated."""
+    B, H, N, dk = q.shape
+    state = ar.zeros((B, H, dk, v.shape[-1]))
+    outs = []
+    for t in range(N):
+        state = alpha[:, :, t, :, None] * state + k[:, :, t, :, None] * v[:, :, t, None, :]
+        outs.append(ar.matmul(q[:, :, t, None, :], state)[:, :, 0, :])
+    return ar.stack(outs, axis=2)
+
+
+def ref_normalised_gated(ar: Any, fq: Any, fk: Any, v: Any, g: Any, *, eps: float = 0.0) -> Any:
+    """Causal o_t = sum_{s<=t} w_ts v_s / (sum_{s<=t} w_ts + eps) with w_ts = phi(q_t).phi(k_s) e^{b_t - b_s},
+    b the cumulative log-decays g: the normalised gated recurrence over [V, 1]."""
+    dv = v.shape[-1]
+    ones = ar.asarray(np.ones(v.shape[:-1] + (1,)))
+    out = gated_recurrence(ar, fq, fk, ar.concat([v, ones], axis=-1), ar.exp(g))
+    return ar.div(out[..., :dv], out[..., dv:] + eps)
+
+
 def torch_normalised(
     fq: Any, fk: Any, v: Any, *, causal: bool, form: str, chunk_size: int, eps: float = 0.0, g: Any = None
 ) -> Any:

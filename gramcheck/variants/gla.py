@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..forms import linear_recurrence
+from .common import gated_recurrence
 from .spec import Variant
 
 
@@ -25,14 +26,7 @@ def gate_from_logits(ar: Any, z: Any) -> Any:
 
 def reference(ar: Any, q: Any, k: Any, v: Any, *, causal: bool, g: Any, scale: float, gate_tau: float) -> Any:
     """The definition: the state recurrence, one token at a time (arithmetic-generic)."""
-    alpha = ar.exp(g / gate_tau)
-    B, H, N, dk = q.shape
-    state = ar.zeros((B, H, dk, v.shape[-1]))
-    outs = []
-    for t in range(N):
-        state = alpha[:, :, t, :, None] * state + k[:, :, t, :, None] * v[:, :, t, None, :]
-        outs.append(ar.matmul(q[:, :, t, None, :] * scale, state)[:, :, 0, :])
-    return ar.stack(outs, axis=2)
+    return gated_recurrence(ar, q * scale, k, v, ar.exp(g / gate_tau))
 
 
 def torch_forward(

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..featuremaps import favor, favor_keys_prefix
+from ..featuremaps import favor, favor_keys_prefix, favor_keys_prefix_ref
 from ..torch_arith import TORCH
-from .common import ref_normalised, torch_normalised
+from .common import ref_normalised, ref_normalised_gated, torch_normalised
 from .linear import LINEAR_FORMS
 from .spec import Variant
 
@@ -23,7 +23,19 @@ def _features(ar: Any, q: Any, k: Any, w: Any, p: dict[str, Any]) -> tuple[Any, 
     return favor(ar, q, w, is_query=True, **kw), favor(ar, k, w, is_query=False, **kw)
 
 
+def prefix_stabilised(p: dict[str, Any], eps: float) -> bool:
+    """Causal forms stabilise keys by their running maximum when that cancels exactly (no eps)."""
+    return bool(p["stabilize"]) and p["feature_eps"] == 0 and eps == 0
+
+
 def reference(ar: Any, q: Any, k: Any, v: Any, *, causal: bool, projection: Any, eps: float, **p: Any) -> Any:
+    """Non-causal: (A V) / (A 1) with the reference code's stabilisers. Causal: the same value, computed
+    as the normalised gated recurrence of the running-maximum key stabiliser (the production form's
+    structure, so that the rounding model describes what the forms compute; proofs/invariants.md)."""
+    if causal and prefix_stabilised(p, eps):
+        fq = favor(ar, q, projection, is_query=True, kind=p["kind"], scale=p["scale"])
+        fk, g = favor_keys_prefix_ref(ar, k, projection, kind=p["kind"], scale=p["scale"])
+        return ref_normalised_gated(ar, fq, fk, v, g)
     fq, fk = _features(ar, q, k, projection, p)
     return ref_normalised(ar, fq, fk, v, causal=causal, eps=eps)
 
@@ -39,7 +51,7 @@ def torch_forward(
     """Non-causal: the reference code's stabilisers. Causal (stabilised, no eps): keys by their
     running maximum with the matching decays (``favor_keys_prefix``), so no future token enters."""
     w = projection.to(dtype=q.dtype, device=q.device)
-    if causal and p["stabilize"] and p["feature_eps"] == 0 and eps == 0:
+    if causal and prefix_stabilised(p, eps):
         fq = favor(TORCH, q, w, is_query=True, kind=p["kind"], scale=p["scale"])
         fk, g = favor_keys_prefix(k, w, kind=p["kind"], scale=p["scale"])
         return torch_normalised(fq, fk, v, causal=True, form=form, chunk_size=chunk_size, eps=eps, g=g)

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..featuremaps import elementwise, favor, favor_keys_prefix
+from ..featuremaps import elementwise, favor, favor_keys_prefix, favor_keys_prefix_ref
 from ..torch_arith import TORCH
 from . import softmax
-from .common import in_float32, ref_normalised, standardise, torch_normalised
+from .common import in_float32, ref_normalised, ref_normalised_gated, standardise, torch_normalised
 from .linear import LINEAR_FORMS
 from .spec import Variant
 
@@ -80,6 +80,11 @@ def features_performer(ar: Any, q: Any, k: Any, *, projection: Any, stabilize: b
 
 
 def reference_performer(ar: Any, q: Any, k: Any, v: Any, *, causal: bool, projection: Any, **p: Any) -> Any:
+    if causal:  # the running-maximum key stabiliser, as the causal forms compute it
+        qn, kn = _normed(ar, q, k, p)
+        fq = favor(ar, qn, projection, kind="positive", is_query=True, scale=1.0)
+        fk, g = favor_keys_prefix_ref(ar, kn, projection, kind="positive", scale=1.0)
+        return ref_normalised_gated(ar, fq, fk, v, g)
     fq, fk = features_performer(ar, q, k, projection=projection, **p)
     return ref_normalised(ar, fq, fk, v, causal=causal)
 

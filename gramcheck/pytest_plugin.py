@@ -1,0 +1,141 @@
+"""pytest plugin (entry point ``pytest11``): one line per attention function in another library's tests.
+
+    # tests/test_attention_numerics.py
+    from gramcheck.pytest_plugin import attention_suite
+    from mypkg.attention import linear_attention
+
+    test_linear_attention = attention_suite(linear_attention, "linear-elu", causal=True)
+
+gives one pytest test per applicable property (``test_linear_attention[agreement]``, ...); a failure's
+message holds the shrunk counterexample. Options: ``--gramcheck-profile {ci,thorough}``,
+``--gramcheck-seed N``, ``--gramcheck-certificates DIR`` (one certificate per suite, also under
+pytest-xdist, where each worker writes a partial file and the controller merges them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+_RESULTS_KEY = "_gramcheck_results"
+
+
+def pytest_addoption(parser: Any) -> None:
+    group = parser.getgroup("gramcheck", "gramcheck numerical property tests")
+    group.addoption("--gramcheck-profile", choices=["ci", "thorough"], default=None,
+                    help="Hypothesis profile of gramcheck suites (default: the suite's, else ci)")
+    group.addoption("--gramcheck-seed", type=int, default=None, help="seed of gramcheck suites (default 0)")
+    group.addoption("--gramcheck-certificates", default=None, metavar="DIR",
+                    help="write one stability certificate per gramcheck suite to DIR")
+
+
+def pytest_configure(config: Any) -> None:
+    config.addinivalue_line("markers", "gramcheck: a gramcheck property test (one property of one suite)")
+    setattr(config, _RESULTS_KEY, {})
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_")[:120]
+
+
+def attention_suite(
+    target: Callable[..., Any] | str,
+    variant: str | None = None,
+    *,
+    causal: bool = False,
+    dtype: str = "float32",
+    device: str = "cpu",
+    params: dict[str, Any] | None = None,
+    properties: Sequence[str] | None = None,
+    domain: dict[str, Any] | None = None,
+    profile: str | None = None,
+    seed: int | None = None,
+    timeout: float | None = 60.0,
+) -> Callable[..., None]:
+    """A pytest test function, parametrized over the properties gramcheck checks for ``target`` as an
+    implementation of ``variant`` (the same arguments as ``gramcheck.check``)."""
+    from . import properties as _properties
+    from .api import make_target, target_spec
+
+    t = make_target(target, variant, dtype=dtype, device=device, params=params, timeout=timeout)
+    t.variant.check_causal(causal)
+    names = list(properties) if properties else [p.name for p in _properties.applicable(t.variant, causal, dict(t.params), dtype=t.dtype)]
+    for n in names:
+        _properties.get(n)
+    spec = target_spec(target)
+    key = json.dumps([spec, t.variant.name, causal, t.dtype, device, sorted((params or {}).items())], default=str)
+
+    @pytest.mark.gramcheck
+    @pytest.mark.parametrize("gramcheck_property", names)
+    def test(gramcheck_property: str, request: Any) -> None:
+        from .search import Domain, run_property
+
+        cfg = request.config
+        prof = cfg.getoption("--gramcheck-profile") or profile or "ci"
+        sd = cfg.getoption("--gramcheck-seed")
+        sd = seed if sd is None else sd
+        sd = 0 if sd is None else sd
+        dom = Domain(**(domain or {}))
+        finding = run_property(_properties.get(gramcheck_property), t, causal=causal, domain=dom, profile_name=prof,
+                               seed=sd)
+        getattr(cfg, _RESULTS_KEY, {}).setdefault(key, {"spec": spec, "target": t, "profile": prof, "seed": sd,
+                                                         "domain": dom, "findings": []})["findings"].append(finding)
+        if not finding.passed:
+            msg = [f"gramcheck: {gramcheck_property} failed for {t.name} as {t.variant.name} "
+                   f"({'causal' if causal else 'non-causal'}, {t.dtype}, profile {prof}, seed {sd})",
+                   f"measured {finding.measured:.6g} > bound {finding.bound:.6g}"]
+            if finding.failure:
+                msg.append(f"target failure [{finding.failure}]: {finding.details.get('error', '')}")
+            if finding.counterexample:
+                msg.append(f"shrunk counterexample: {finding.counterexample}")
+            pytest.fail("\n".join(msg), pytrace=False)
+
+    test.__doc__ = f"gramcheck properties of {spec} as {t.variant.name}"
+    return test
+
+
+def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
+    out = session.config.getoption("--gramcheck-certificates", default=None)
+    if not out:
+        return
+    from .certificate import canonical_json, content_hash, from_report, source_hash
+    from .report import Report
+    from .targets import resolve
+
+    directory = Path(out)
+    directory.mkdir(parents=True, exist_ok=True)
+    results = getattr(session.config, _RESULTS_KEY, {})
+    tag = getattr(session.config, "workerinput", {}).get("workerid", "main")
+    for key, r in results.items():
+        t = r["target"]
+        slug = _slug(f"{r['spec']}-{t.variant.name}-{'causal' if json.loads(key)[2] else 'full'}-{t.dtype}")
+        findings = sorted(r["findings"], key=lambda f: f.name)
+        report = Report(t.name, t.variant.name, json.loads(key)[2], t.dtype, t.device, r["profile"], r["seed"],
+                        r["domain"].to_dict(), findings, params=dict(t.overrides))
+        fn, builtin_name = resolve(r["spec"]) if ":" in r["spec"] and not r["spec"].startswith("python:") else (t.fn, None)
+        cert = from_report(report, target_spec=r["spec"], source=None if builtin_name else source_hash(fn), stem=slug)
+        for name, blob in cert.attachments.items():
+            (directory / name).write_bytes(blob)
+        (directory / f".{slug}~{tag}~{os.getpid()}.partial.json").write_text(canonical_json(cert.data))
+    if hasattr(session.config, "workerinput"):
+        return  # a pytest-xdist worker: the controller merges
+    # merge the partial files (one per process that ran part of a suite) into one certificate per suite
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for part in sorted(directory.glob(".*.partial.json")):
+        slug = part.name[1:].split("~")[0]
+        groups.setdefault(slug, []).append(json.loads(part.read_text()))
+        part.unlink()
+    for slug, parts in groups.items():
+        merged = dict(parts[0])
+        entries = {e["property"]: e for p in parts for e in p["properties"]}
+        merged["properties"] = [entries[k] for k in sorted(entries)]
+        merged["passed"] = all(e["verdict"] == "pass" for e in merged["properties"])
+        merged.pop("content_hash", None)
+        merged["content_hash"] = content_hash(merged)
+        (directory / f"{slug}.json").write_text(canonical_json(merged), encoding="utf-8")

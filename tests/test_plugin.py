@@ -1,0 +1,62 @@
+"""The pytest plugin, run the way a third-party library runs it (examples/thirdparty_ci with pytester)."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "thirdparty_ci"
+
+
+@pytest.fixture
+def project(pytester):
+    shutil.copytree(EXAMPLE, pytester.path, dirs_exist_ok=True)
+    return pytester
+
+
+def test_example_passes_one_test_per_property(project):
+    result = project.runpytest_subprocess("-p", "no:cacheprovider", "-v")
+    outcomes = result.parseoutcomes()
+    assert result.ret == 0 and outcomes["passed"] >= 6 and "failed" not in outcomes
+    out = result.stdout.str()
+    for prop in ("agreement", "causality", "rows-sum-to-one", "convex-hull", "gradcheck"):
+        assert f"test_linear_attention[{prop}] PASSED" in out
+
+
+def test_broken_function_fails_with_the_shrunk_counterexample(project):
+    project.makepyfile(test_leaky="""
+        from mylinattn.attention import leaky_linear_attention
+        from gramcheck.pytest_plugin import attention_suite
+
+        test_leaky = attention_suite(leaky_linear_attention, "linear-elu", causal=True,
+                                     properties=["causality", "agreement"], domain={"max_n": 8, "max_d": 3})
+    """)
+    result = project.runpytest_subprocess("-q", "-p", "no:cacheprovider", "test_leaky.py")
+    result.assert_outcomes(failed=2)
+    out = result.stdout.str()
+    assert "gramcheck: causality failed" in out and "shrunk counterexample" in out and "'shape': [1, 1, 2," in out
+
+
+def test_certificates_are_identical_with_and_without_xdist(project):
+    a = project.runpytest_subprocess("-q", "-p", "no:cacheprovider", "--gramcheck-certificates", "serial")
+    b = project.runpytest_subprocess("-q", "-p", "no:cacheprovider", "-n", "2", "--gramcheck-certificates", "parallel")
+    assert a.ret == 0 and b.ret == 0
+    assert a.parseoutcomes()["passed"] == b.parseoutcomes()["passed"] >= 6
+    serial = sorted((project.path / "serial").glob("*.json"))
+    parallel = sorted((project.path / "parallel").glob("*.json"))
+    assert [p.name for p in serial] == [p.name for p in parallel] and len(serial) == 1
+    assert serial[0].read_bytes() == parallel[0].read_bytes()
+    assert not list((project.path / "parallel").glob(".*partial*"))  # merged and removed
+    cert = json.loads(serial[0].read_text())
+    assert cert["passed"] and cert["seed"] == 0 and cert["profile"] == "ci"
+
+
+def test_profile_and_seed_options(project):
+    result = project.runpytest_subprocess("-q", "-p", "no:cacheprovider", "--gramcheck-seed", "7",
+                                          "--gramcheck-certificates", "c", "-k", "agreement")
+    result.assert_outcomes(passed=1)
+    cert = json.loads(next((project.path / "c").glob("*.json")).read_text())
+    assert cert["seed"] == 7 and [e["property"] for e in cert["properties"]] == ["agreement"]
+    bad = project.runpytest_subprocess("-q", "--gramcheck-profile", "fast")
+    assert bad.ret != 0 and "invalid choice" in bad.stderr.str()
