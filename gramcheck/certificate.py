@@ -205,14 +205,17 @@ def load(path: str | Path) -> dict[str, Any]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise CertificateError(f"certificate: {path} is not valid JSON ({exc.msg} at line {exc.lineno}); "
-                               "expected a gramcheck certificate") from None
+        raise CertificateError(
+            f"certificate: {path} is not valid JSON ({exc.msg} at line {exc.lineno}); expected a gramcheck certificate"
+        ) from None
     if not isinstance(data, dict):
         raise CertificateError(f"certificate: {path} holds a JSON {type(data).__name__}; expected an object")
     version = data.get("schema_version")
     if isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION:
-        raise CertificateError(f"certificate: {path} has schema_version {version}; this gramcheck reads up to "
-                               f"{SCHEMA_VERSION} (upgrade gramcheck)")
+        raise CertificateError(
+            f"certificate: {path} has schema_version {version}; this gramcheck reads up to "
+            f"{SCHEMA_VERSION} (upgrade gramcheck)"
+        )
     try:
         jsonschema.validate(data, schema())
     except jsonschema.ValidationError as exc:

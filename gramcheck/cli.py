@@ -55,8 +55,12 @@ def _positive(text: str) -> int:
 
 
 def _check_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    domain = {"max_n": args.max_n, "max_d": args.max_d, "examples": args.examples,
-              "kinds": tuple(args.kind) if args.kind else None}
+    domain = {
+        "max_n": args.max_n,
+        "max_d": args.max_d,
+        "examples": args.examples,
+        "kinds": tuple(args.kind) if args.kind else None,
+    }
     return {
         "causal": args.causal,
         "dtype": args.dtype,
@@ -103,20 +107,34 @@ def _run_check(args: argparse.Namespace) -> Any:
     from .search import Domain, run_property
 
     kw = _check_kwargs(args)
-    t = make_target(args.target, args.variant, dtype=kw["dtype"], device=kw["device"], params=kw["params"],
-                    timeout=kw["timeout"])
+    t = make_target(
+        args.target, args.variant, dtype=kw["dtype"], device=kw["device"], params=kw["params"], timeout=kw["timeout"]
+    )
     t.variant.check_causal(kw["causal"])
     dom = Domain(**kw["domain"])
-    props = ([_properties.get(p) for p in kw["properties"]] if kw["properties"]
-             else _properties.applicable(t.variant, kw["causal"], dict(t.params), dtype=t.dtype))
-    report = Report(t.name, t.variant.name, kw["causal"], t.dtype, kw["device"], kw["profile"], kw["seed"],
-                    dom.to_dict(), params=dict(t.overrides))
+    props = (
+        [_properties.get(p) for p in kw["properties"]]
+        if kw["properties"]
+        else _properties.applicable(t.variant, kw["causal"], dict(t.params), dtype=t.dtype)
+    )
+    report = Report(
+        t.name,
+        t.variant.name,
+        kw["causal"],
+        t.dtype,
+        kw["device"],
+        kw["profile"],
+        kw["seed"],
+        dom.to_dict(),
+        params=dict(t.overrides),
+    )
     with Progress(console=_console(), transient=True, disable=not sys.stderr.isatty()) as progress:
         task = progress.add_task("checking", total=len(props))
         for p in props:
             progress.update(task, description=f"{p.name}")
-            report.findings.append(run_property(p, t, causal=kw["causal"], domain=dom, profile_name=kw["profile"],
-                                                seed=kw["seed"]))
+            report.findings.append(
+                run_property(p, t, causal=kw["causal"], domain=dom, profile_name=kw["profile"], seed=kw["seed"])
+            )
             progress.advance(task)
     return report
 
@@ -158,13 +176,19 @@ def cmd_certify(args: argparse.Namespace) -> int:
 
     report = _run_check(args)
     fn, name = resolve(args.target)
-    cert = from_report(report, target_spec=target_spec(args.target), source=None if name else source_hash(fn),
-                       stem=Path(args.output).stem)
+    cert = from_report(
+        report,
+        target_spec=target_spec(args.target),
+        source=None if name else source_hash(fn),
+        stem=Path(args.output).stem,
+    )
     path = cert.write(args.output)
     console = _console()
     console.print(_findings_table(report.summary().splitlines()[0], report.findings))
-    console.print(f"certificate written to {path} ({'passed' if cert.passed else 'FAILED'}; "
-                  f"{len(cert.attachments)} counterexample file(s))")
+    console.print(
+        f"certificate written to {path} ({'passed' if cert.passed else 'FAILED'}; "
+        f"{len(cert.attachments)} counterexample file(s))"
+    )
     return 0 if cert.passed else 1
 
 
@@ -191,20 +215,48 @@ def cmd_spectrum(args: argparse.Namespace) -> int:
 
     var = _variants.get(args.variant)
     causal = args.causal or "causal-only" in var.declares
-    ex = sample(attention_inputs(var, kinds=[args.kind], min_n=args.n, max_n=args.n, min_d=args.d, max_d=args.d,
-                                 max_h=1, m=args.m), seed=args.seed)
+    ex = sample(
+        attention_inputs(
+            var, kinds=[args.kind], min_n=args.n, max_n=args.n, min_d=args.d, max_d=args.d, max_h=1, m=args.m
+        ),
+        seed=args.seed,
+    )
     params = dict(args.param) if args.param else {}
     sps = spectra.gram_spectra(var, ex.q, ex.k, causal=causal, normalised=args.normalised, **params, **ex.extras)
-    table = Table(title=f"{var.name}: spectrum of the {'weight' if args.normalised else 'Gram'} matrix, "
-                        f"kind {args.kind}, N={args.n}, d={args.d}{', causal' if causal else ''}")
-    for col in ("head", "method", "arithmetic", "rank", "unresolved", "floor", "s_1", "s_r", "condition",
-                "eff. rank", "energy share"):
+    table = Table(
+        title=f"{var.name}: spectrum of the {'weight' if args.normalised else 'Gram'} matrix, "
+        f"kind {args.kind}, N={args.n}, d={args.d}{', causal' if causal else ''}"
+    )
+    for col in (
+        "head",
+        "method",
+        "arithmetic",
+        "rank",
+        "unresolved",
+        "floor",
+        "s_1",
+        "s_r",
+        "condition",
+        "eff. rank",
+        "energy share",
+    ):
         table.add_column(col)
     for sp in sps:
         s1 = f"{sp.values[0]:.4g}" if sp.rank else "-"
         sr = f"{sp.values[-1]:.4g}" if sp.rank else "-"
-        table.add_row(str(sp.head), sp.method, sp.arithmetic, str(sp.rank), str(sp.unresolved), f"{sp.floor:.2g}",
-                      s1, sr, f"{sp.condition:.4g}", f"{sp.effective_rank:.3g}", f"{sp.energy_share:.4f}")
+        table.add_row(
+            str(sp.head),
+            sp.method,
+            sp.arithmetic,
+            str(sp.rank),
+            str(sp.unresolved),
+            f"{sp.floor:.2g}",
+            s1,
+            sr,
+            f"{sp.condition:.4g}",
+            f"{sp.effective_rank:.3g}",
+            f"{sp.energy_share:.4f}",
+        )
     console = _console()
     console.print(table)
     if var.features_fn is not None:
@@ -266,8 +318,10 @@ def _add_check_options(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="gramcheck", description="Property tests, error bounds and stability "
-                                "certificates for linear and kernelized attention.")
+    p = argparse.ArgumentParser(
+        prog="gramcheck",
+        description="Property tests, error bounds and stability certificates for linear and kernelized attention.",
+    )
     p.add_argument("--version", action="version", version=f"gramcheck {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="variants, forms and properties").set_defaults(fn=cmd_list)

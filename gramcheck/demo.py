@@ -24,7 +24,16 @@ KNOWN_FINDINGS = {
 }
 # FAVOR+ features underflow for |x|^2 / (2 sqrt d) beyond the exponent range, in every dtype: random-feature
 # variants are certified on bounded-norm kinds (the domain is recorded in each certificate)
-BOUNDED_KINDS = ("gaussian", "spectrum", "low-rank", "near-duplicate", "heavy-tail", "anti-aligned", "degenerate", "long")
+BOUNDED_KINDS = (
+    "gaussian",
+    "spectrum",
+    "low-rank",
+    "near-duplicate",
+    "heavy-tail",
+    "anti-aligned",
+    "degenerate",
+    "long",
+)
 DEMO_DOMAIN = {"max_n": 16, "max_d": 4, "examples": 10}
 
 
@@ -80,9 +89,16 @@ def run_demo(seed: int = 0, out: Path = Path("certificates")) -> tuple[Any, Any,
     for f in form_findings(seed=seed):
         d = f.details
         failed += not f.passed
-        forms.add_row(d["variant"], d["form"], "causal" if d["causal"] else "full", d["dtype"], d["oracle"],
-                      f"{d.get('max_abs_error', float('nan')):.2e}", f"{f.measured:.3f}",
-                      "[green]pass[/green]" if f.passed else "[red]FAIL[/red]")
+        forms.add_row(
+            d["variant"],
+            d["form"],
+            "causal" if d["causal"] else "full",
+            d["dtype"],
+            d["oracle"],
+            f"{d.get('max_abs_error', float('nan')):.2e}",
+            f"{f.measured:.3f}",
+            "[green]pass[/green]" if f.passed else "[red]FAIL[/red]",
+        )
 
     certs = Table(title=f"certificates ({out}/): default properties, profile ci, seed {seed}")
     for col in ("variant", "mode", "properties", "failed", "worst margin", "file"):
@@ -92,15 +108,29 @@ def run_demo(seed: int = 0, out: Path = Path("certificates")) -> tuple[Any, Any,
         causal = "causal-only" in var.declares
         kinds = BOUNDED_KINDS if "random-features" in var.declares else None
         path = out / f"{var.name}.json"
-        cert = certify(f"builtin:{var.name}", causal=causal, seed=seed, domain={**DEMO_DOMAIN, "kinds": kinds},
-                       out=str(path))
+        cert = certify(
+            f"builtin:{var.name}", causal=causal, seed=seed, domain={**DEMO_DOMAIN, "kinds": kinds}, out=str(path)
+        )
         entries = cert.data["properties"]
         bad = [e["property"] for e in entries if e["verdict"] == "fail"]
         unexpected = [p for p in bad if (var.name, p) not in KNOWN_FINDINGS]
         failed += len(unexpected)
         margins = [e["margin"] for e in entries if isinstance(e["margin"], float)]
-        label = ", ".join(f"{p} (known: {KNOWN_FINDINGS[(var.name, p)]})" if (var.name, p) in KNOWN_FINDINGS
-                          else f"[red]{p}[/red]" for p in bad) or "-"
-        certs.add_row(var.name, "causal" if causal else "full", str(len(entries)), label,
-                      f"{min(margins):.3g}" if margins else "-", str(path))
+        label = (
+            ", ".join(
+                f"{p} (known: {KNOWN_FINDINGS[(var.name, p)]})"
+                if (var.name, p) in KNOWN_FINDINGS
+                else f"[red]{p}[/red]"
+                for p in bad
+            )
+            or "-"
+        )
+        certs.add_row(
+            var.name,
+            "causal" if causal else "full",
+            str(len(entries)),
+            label,
+            f"{min(margins):.3g}" if margins else "-",
+            str(path),
+        )
     return forms, certs, failed

@@ -49,9 +49,9 @@ def elementwise(name: str) -> Any:
     return ELEMENTWISE[check_choice("feature", name, tuple(ELEMENTWISE))]
 
 
-def _favor_parts(ar: Any, x: Any, projection: Any, kind: str, scale: float | None) -> tuple[Any, Any, int]:
-    """(L, F, count) with phi(x) = exp(L) F / sqrt(count): the log-amplitude L (..., N, k) and the
-    bounded multiplier F ([sin, cos] for trig, None for the exponential kinds)."""
+def _favor_parts(ar: Any, x: Any, projection: Any, kind: str, scale: float | None) -> tuple[Any, Any, int, Any]:
+    """(L, F, count, |x|^2/2) with phi(x) = exp(L) F / sqrt(count): the log-amplitude L (..., N, k) and
+    the bounded multiplier F ([sin, cos] for trig, None for the exponential kinds)."""
     check_choice("kind", kind, FAVOR_KINDS)
     d = x.shape[-1]
     m = projection.shape[-2]
@@ -62,10 +62,10 @@ def _favor_parts(ar: Any, x: Any, projection: Any, kind: str, scale: float | Non
     proj = ar.matmul(xs, ar.mT(projection))  # (B, H, N, m): w_i . x
     half_sq = ar.sum(xs * xs, axis=-1, keepdims=True) / 2.0
     if kind == "trig":
-        return half_sq, ar.concat([ar.sin(proj), ar.cos(proj)], axis=-1), m
+        return half_sq, ar.concat([ar.sin(proj), ar.cos(proj)], axis=-1), m, half_sq
     if kind == "positive":
-        return proj - half_sq, None, m
-    return ar.concat([proj - half_sq, -proj - half_sq], axis=-1), None, 2 * m
+        return proj - half_sq, None, m, half_sq
+    return ar.concat([proj - half_sq, -proj - half_sq], axis=-1), None, 2 * m, half_sq
 
 
 def favor(
@@ -78,17 +78,22 @@ def favor(
     scale: float | None = None,
     stabilize: bool = True,
     feature_eps: float = 0.0,
+    shift: str = "log-amplitude",
 ) -> Any:
     """FAVOR+ random features of x (B, H, N, d) with the random matrix ``projection`` W (m, d).
 
     Stabiliser (reference code's ``softmax_kernel_transformation``): subtract from the exponent its
     maximum, per token for queries and over all tokens and features for keys; with ``feature_eps == 0``
     it cancels exactly in the normalised output. ``feature_eps`` adds eps to every feature before the
-    1/sqrt(m) factor, as performer-pytorch does (1e-4), which biases the kernel estimate.
+    1/sqrt(m) factor, as performer-pytorch does (1e-4), which biases the kernel estimate; the bias then
+    depends on the shift: ``shift='log-amplitude'`` subtracts the maximum of w.x - |x|^2/2 (google-research),
+    ``'projection'`` the maximum of w.x alone (performer-pytorch's ``softmax_kernel``).
     """
-    log_amp, mult, count = _favor_parts(ar, x, projection, kind, scale)
+    check_choice("shift", shift, ("log-amplitude", "projection"))
+    log_amp, mult, count, half_sq = _favor_parts(ar, x, projection, kind, scale)
     if stabilize:
-        log_amp = log_amp - ar.stop_max(log_amp, -1 if is_query else (-2, -1))
+        base = log_amp + half_sq if shift == "projection" and mult is None else log_amp
+        log_amp = log_amp - ar.stop_max(base, -1 if is_query else (-2, -1))
     feats = ar.exp(log_amp) if mult is None else ar.exp(log_amp) * mult
     return (feats + feature_eps) / ar.sqrt(ar.const(count))
 
@@ -99,7 +104,7 @@ def favor_keys_prefix_ref(
     """The definition of ``favor_keys_prefix`` in any arithmetic: the running maxima M_t are exact
     constants (from the computed log-amplitudes, as ``stop_max``), g_t = M_{t-1} - M_t is computed in the
     arithmetic, so the decays cancel exactly in the normalised output whatever M is."""
-    log_amp, mult, count = _favor_parts(ar, x, projection, kind, scale)
+    log_amp, mult, count, _ = _favor_parts(ar, x, projection, kind, scale)
     c = np.asarray(ar.to_float64(ar.stop_max(log_amp, -1)), dtype=np.float64)  # (B, H, N, 1)
     run = np.maximum.accumulate(c, axis=-2)
     prev = np.concatenate([run[..., :1, :], run[..., :-1, :]], axis=-2)
@@ -123,7 +128,7 @@ def favor_keys_prefix(
 
     from .torch_arith import TORCH
 
-    log_amp, mult, count = _favor_parts(TORCH, x, projection, kind, scale)
+    log_amp, mult, count, _ = _favor_parts(TORCH, x, projection, kind, scale)
     c = log_amp.detach().amax(dim=-1, keepdim=True)
     run = torch.cummax(c, dim=-2).values
     g = torch.cat([torch.zeros_like(run[..., :1, :]), run[..., :-1, :] - run[..., 1:, :]], dim=-2)

@@ -28,11 +28,19 @@ _RESULTS_KEY = "_gramcheck_results"
 
 def pytest_addoption(parser: Any) -> None:
     group = parser.getgroup("gramcheck", "gramcheck numerical property tests")
-    group.addoption("--gramcheck-profile", choices=["ci", "thorough"], default=None,
-                    help="Hypothesis profile of gramcheck suites (default: the suite's, else ci)")
+    group.addoption(
+        "--gramcheck-profile",
+        choices=["ci", "thorough"],
+        default=None,
+        help="Hypothesis profile of gramcheck suites (default: the suite's, else ci)",
+    )
     group.addoption("--gramcheck-seed", type=int, default=None, help="seed of gramcheck suites (default 0)")
-    group.addoption("--gramcheck-certificates", default=None, metavar="DIR",
-                    help="write one stability certificate per gramcheck suite to DIR")
+    group.addoption(
+        "--gramcheck-certificates",
+        default=None,
+        metavar="DIR",
+        help="write one stability certificate per gramcheck suite to DIR",
+    )
 
 
 def pytest_configure(config: Any) -> None:
@@ -65,7 +73,11 @@ def attention_suite(
 
     t = make_target(target, variant, dtype=dtype, device=device, params=params, timeout=timeout)
     t.variant.check_causal(causal)
-    names = list(properties) if properties else [p.name for p in _properties.applicable(t.variant, causal, dict(t.params), dtype=t.dtype)]
+    names = (
+        list(properties)
+        if properties
+        else [p.name for p in _properties.applicable(t.variant, causal, dict(t.params), dtype=t.dtype)]
+    )
     for n in names:
         _properties.get(n)
     spec = target_spec(target)
@@ -82,14 +94,18 @@ def attention_suite(
         sd = seed if sd is None else sd
         sd = 0 if sd is None else sd
         dom = Domain(**(domain or {}))
-        finding = run_property(_properties.get(gramcheck_property), t, causal=causal, domain=dom, profile_name=prof,
-                               seed=sd)
-        getattr(cfg, _RESULTS_KEY, {}).setdefault(key, {"spec": spec, "target": t, "profile": prof, "seed": sd,
-                                                         "domain": dom, "findings": []})["findings"].append(finding)
+        finding = run_property(
+            _properties.get(gramcheck_property), t, causal=causal, domain=dom, profile_name=prof, seed=sd
+        )
+        getattr(cfg, _RESULTS_KEY, {}).setdefault(
+            key, {"spec": spec, "target": t, "profile": prof, "seed": sd, "domain": dom, "findings": []}
+        )["findings"].append(finding)
         if not finding.passed:
-            msg = [f"gramcheck: {gramcheck_property} failed for {t.name} as {t.variant.name} "
-                   f"({'causal' if causal else 'non-causal'}, {t.dtype}, profile {prof}, seed {sd})",
-                   f"measured {finding.measured:.6g} > bound {finding.bound:.6g}"]
+            msg = [
+                f"gramcheck: {gramcheck_property} failed for {t.name} as {t.variant.name} "
+                f"({'causal' if causal else 'non-causal'}, {t.dtype}, profile {prof}, seed {sd})",
+                f"measured {finding.measured:.6g} > bound {finding.bound:.6g}",
+            ]
             if finding.failure:
                 msg.append(f"target failure [{finding.failure}]: {finding.details.get('error', '')}")
             if finding.counterexample:
@@ -116,9 +132,21 @@ def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
         t = r["target"]
         slug = _slug(f"{r['spec']}-{t.variant.name}-{'causal' if json.loads(key)[2] else 'full'}-{t.dtype}")
         findings = sorted(r["findings"], key=lambda f: f.name)
-        report = Report(t.name, t.variant.name, json.loads(key)[2], t.dtype, t.device, r["profile"], r["seed"],
-                        r["domain"].to_dict(), findings, params=dict(t.overrides))
-        fn, builtin_name = resolve(r["spec"]) if ":" in r["spec"] and not r["spec"].startswith("python:") else (t.fn, None)
+        report = Report(
+            t.name,
+            t.variant.name,
+            json.loads(key)[2],
+            t.dtype,
+            t.device,
+            r["profile"],
+            r["seed"],
+            r["domain"].to_dict(),
+            findings,
+            params=dict(t.overrides),
+        )
+        fn, builtin_name = (
+            resolve(r["spec"]) if ":" in r["spec"] and not r["spec"].startswith("python:") else (t.fn, None)
+        )
         cert = from_report(report, target_spec=r["spec"], source=None if builtin_name else source_hash(fn), stem=slug)
         for name, blob in cert.attachments.items():
             (directory / name).write_bytes(blob)

@@ -31,10 +31,30 @@ class Domain:
     max_b: int = 1
     max_h: int = 2
     examples: int | None = None
+    min_n: int = 1
+    min_d: int = 1  # min_d = max_d fixes the head dimension (targets whose hyperparameters depend on d)
+
+    def __post_init__(self) -> None:
+        for name in ("max_n", "max_d", "max_b", "max_h", "min_n", "min_d"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"domain.{name}: got {value!r}; expected a positive integer")
+        if self.min_n > self.max_n or self.min_d > self.max_d:
+            raise ValueError(
+                f"domain: got N in [{self.min_n}, {self.max_n}], d in [{self.min_d}, {self.max_d}]; expected min <= max"
+            )
+        if self.examples is not None and (
+            isinstance(self.examples, bool) or not isinstance(self.examples, int) or self.examples < 1
+        ):
+            raise ValueError(f"domain.examples: got {self.examples!r}; expected a positive integer or None")
+        if self.kinds is not None:
+            object.__setattr__(self, "kinds", tuple(self.kinds))
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "kinds": list(self.kinds) if self.kinds else None,
+            "min_n": self.min_n,
+            "min_d": self.min_d,
             "max_n": self.max_n,
             "max_d": self.max_d,
             "max_b": self.max_b,
@@ -60,8 +80,10 @@ def run_property(
         target.variant,
         dtype=target.dtype,
         kinds=kinds,
-        max_n=min(domain.max_n, prop.max_n or domain.max_n),
-        max_d=min(domain.max_d, prop.max_d or domain.max_d),
+        max_n=max(domain.min_n, min(domain.max_n, prop.max_n or domain.max_n)),
+        max_d=max(domain.min_d, min(domain.max_d, prop.max_d or domain.max_d)),
+        min_n=domain.min_n,
+        min_d=domain.min_d,
         max_b=domain.max_b,
         max_h=domain.max_h,
     )
@@ -76,26 +98,30 @@ def run_property(
     )
     worst: list[Finding] = []
     count = [0]
+    timed_out: list[Finding] = []
 
     @hseed(seed)
     @cfg
     @given(strategy)
     def search(ex: Any) -> None:
-        f = prop.fn(target, ex, causal=causal)
+        # a hanging target is not called again: shrinking would wait out every call
+        f = timed_out[0] if timed_out else prop.fn(target, ex, causal=causal)
         if f is None:
             reject()
+        if f.failure == "timeout" and not timed_out:
+            timed_out.append(f)
         count[0] += 1
         score = f.measured / f.bound if f.bound > 0 else f.measured
         htarget(score if math.isfinite(score) else 1e300, label=prop.name)
         if not worst or _worse(f, worst[0]):
             worst[:] = [f]
         if not f.passed:
-            raise _Failed(f)
+            raise _Failed(f)  # one raise site: Hypothesis tells failures apart by where they are raised
 
     try:
         search()
     except _Failed as failed:
-        f = failed.finding
+        f = timed_out[0] if timed_out else failed.finding
         f.details.setdefault("examples", count[0])
         f.details["shrunk"] = True
         return f

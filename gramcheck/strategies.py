@@ -297,7 +297,9 @@ def attention_inputs(
     for k in kinds:
         check_choice("kinds", k, KINDS)
     if not 1 <= min_n <= max_n or not 1 <= min_d <= max_d:
-        raise ValueError(f"max_n, max_d: got N in [{min_n}, {max_n}], d in [{min_d}, {max_d}]; expected 1 <= min <= max")
+        raise ValueError(
+            f"max_n, max_d: got N in [{min_n}, {max_n}], d in [{min_d}, {max_d}]; expected 1 <= min <= max"
+        )
     var = None if variant is None else _variants.get(variant)
     kind = draw(st.sampled_from(kinds))
     B = draw(st.integers(1, max(1, max_b)))
@@ -339,8 +341,14 @@ def sample(strategy: Any, seed: int = 0, index: int = 5) -> Any:
     out: list[Any] = []
 
     @hseed(seed)
-    @settings(max_examples=index + 1, database=None, derandomize=False, phases=[Phase.generate],
-              suppress_health_check=list(HealthCheck), deadline=None)
+    @settings(
+        max_examples=index + 1,
+        database=None,
+        derandomize=False,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+        deadline=None,
+    )
     @given(strategy)
     def collect(x: Any) -> None:
         out.append(x)

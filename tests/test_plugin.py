@@ -25,13 +25,15 @@ def test_example_passes_one_test_per_property(project):
 
 
 def test_broken_function_fails_with_the_shrunk_counterexample(project):
-    project.makepyfile(test_leaky="""
+    project.makepyfile(
+        test_leaky="""
         from mylinattn.attention import leaky_linear_attention
         from gramcheck.pytest_plugin import attention_suite
 
         test_leaky = attention_suite(leaky_linear_attention, "linear-elu", causal=True,
                                      properties=["causality", "agreement"], domain={"max_n": 8, "max_d": 3})
-    """)
+    """
+    )
     result = project.runpytest_subprocess("-q", "-p", "no:cacheprovider", "test_leaky.py")
     result.assert_outcomes(failed=2)
     out = result.stdout.str()
@@ -53,8 +55,9 @@ def test_certificates_are_identical_with_and_without_xdist(project):
 
 
 def test_profile_and_seed_options(project):
-    result = project.runpytest_subprocess("-q", "-p", "no:cacheprovider", "--gramcheck-seed", "7",
-                                          "--gramcheck-certificates", "c", "-k", "agreement")
+    result = project.runpytest_subprocess(
+        "-q", "-p", "no:cacheprovider", "--gramcheck-seed", "7", "--gramcheck-certificates", "c", "-k", "agreement"
+    )
     result.assert_outcomes(passed=1)
     cert = json.loads(next((project.path / "c").glob("*.json")).read_text())
     assert cert["seed"] == 7 and [e["property"] for e in cert["properties"]] == ["agreement"]

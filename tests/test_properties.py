@@ -167,8 +167,9 @@ def test_global_key_stabiliser_is_not_causal_and_the_running_maximum_is():
     past outputs far beyond rounding (the property allows rounding: FAVOR+ declares causal-rounding).
     The builtin's running-maximum stabiliser is causal bit for bit on the same domain."""
     domain = {"kinds": ["outliers"], "max_d": 2, "examples": 50}
-    glob = check(performer_global_key_stabiliser, "performer-positive", causal=True, properties=["causality"],
-                 domain=domain)
+    glob = check(
+        performer_global_key_stabiliser, "performer-positive", causal=True, properties=["causality"], domain=domain
+    )
     assert not glob.passed, glob.summary()
     ours = check("builtin:performer-positive", causal=True, properties=["causality", "agreement"], domain=domain)
     assert ours.passed, ours.summary()

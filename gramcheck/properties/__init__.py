@@ -4,6 +4,7 @@ Component properties of random features (kernel MSE, ORF) are plain functions in
 
 | name                      | applies to                                      | proof                        |
 | ------------------------- | ----------------------------------------------- | ---------------------------- |
+| determinism               | every variant                                   | invariants.md                |
 | agreement                 | every variant                                   | fp-forward-error.md          |
 | low-precision             | bfloat16 / float16 targets                      | low-precision-rule.md        |
 | rows-sum-to-one           | normalised-rows                                 | invariants.md                |
@@ -36,6 +37,14 @@ from .base import DEFAULT_KINDS, Property, always, declares
 LOW_PRECISION = ("bfloat16", "float16")
 
 CATALOGUE: tuple[Property, ...] = (
+    Property(
+        "determinism",
+        invariants.determinism,
+        always,
+        "invariants.md",
+        "two identical calls give bit-identical outputs",
+        max_n=16,
+    ),
     Property(
         "agreement",
         accuracy.agreement,

@@ -191,3 +191,20 @@ def weight_range(target: Target, ex: AttentionInputs, *, causal: bool) -> Findin
 
 def qknorm_softmax(variant: Any, causal: bool, params: dict[str, Any]) -> bool:
     return variant.name == "qknorm-softmax"
+
+
+@guarded("determinism")
+def determinism(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding | None:
+    """Two calls on the same input give bit-identical outputs (NaN where NaN). A target that does not
+    is reported with failure kind ``nondeterministic``: no other property's verdict can be trusted."""
+    a = target(ex.q, ex.k, ex.v, causal=causal, **ex.extras)
+    b = target(ex.q, ex.k, ex.v, causal=causal, **ex.extras)
+    same = (a == b) | (np.isnan(a) & np.isnan(b))
+    changed = int((~same).sum())
+    f = ratio_finding(
+        "determinism", np.where(same, 0.0, np.abs(a - b) + 1e-300), np.zeros(a.shape), ex, changed_entries=changed
+    )
+    if changed:
+        f.details["failure"] = "nondeterministic"
+        f.details["error"] = f"{target.name}: two identical calls differ in {changed} entries"
+    return f

@@ -19,7 +19,13 @@ from .spec import Variant
 
 
 def _features(ar: Any, q: Any, k: Any, w: Any, p: dict[str, Any]) -> tuple[Any, Any]:
-    kw = {"kind": p["kind"], "scale": p["scale"], "stabilize": p["stabilize"], "feature_eps": p["feature_eps"]}
+    kw = {
+        "kind": p["kind"],
+        "scale": p["scale"],
+        "stabilize": p["stabilize"],
+        "feature_eps": p["feature_eps"],
+        "shift": p["shift"],
+    }
     return favor(ar, q, w, is_query=True, **kw), favor(ar, k, w, is_query=False, **kw)
 
 
@@ -65,7 +71,14 @@ def _variant(kind: str, summary: str, tags: frozenset[str]) -> Variant:
         family="performer",
         summary=summary,
         source="Choromanski et al. 2021, Rethinking Attention with Performers",
-        params={"kind": kind, "scale": None, "stabilize": True, "feature_eps": 0.0, "eps": 0.0},
+        params={
+            "kind": kind,
+            "scale": None,
+            "stabilize": True,
+            "feature_eps": 0.0,
+            "eps": 0.0,
+            "shift": "log-amplitude",
+        },
         forms=LINEAR_FORMS,
         noncausal_only=("parallel",),
         declares=tags | {"causal", "permutation-equivariant", "random-features", "denominator", "causal-rounding"},
