@@ -11,7 +11,6 @@ wrong-dtype, wrong-device, mutates-inputs), which properties report as a failing
 from __future__ import annotations
 
 import importlib
-import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,6 +60,9 @@ class Target:
     params: Mapping[str, Any] = field(default_factory=dict)
     name: str = ""
     timeout: float | None = 60.0
+    # one persistent worker thread runs the calls (a new thread per call cost 4x the calls themselves:
+    # torch sets up per-thread state each time; benchmarks/RESULTS.md); replaced after a timeout
+    _executor: Any = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.variant = _variants.get(self.variant)
@@ -91,26 +93,13 @@ class Target:
         torch = _torch()
         inputs = {"q": q, "k": k, "v": v, **extras}
         before = {n: t.detach().clone() for n, t in inputs.items()}
-        result: dict[str, Any] = {}
-
-        def work() -> None:
-            try:
-                result["out"] = self.fn(q, k, v, causal=causal, **extras)
-            except BaseException as exc:  # noqa: BLE001 - everything the target raises is a finding
-                result["exc"] = exc
-
         if self.timeout is None:
-            work()
+            try:
+                out = self.fn(q, k, v, causal=causal, **extras)
+            except Exception as exc:  # noqa: BLE001 - everything the target raises is a finding
+                raise TargetError("raised", f"{self.name} raised {type(exc).__name__}: {exc}") from exc
         else:
-            th = threading.Thread(target=work, daemon=True, name=f"gramcheck-target-{self.name}")
-            th.start()
-            th.join(self.timeout)
-            if th.is_alive():
-                raise TargetError("timeout", f"{self.name} did not return within {self.timeout:g} s")
-        if "exc" in result:
-            exc = result["exc"]
-            raise TargetError("raised", f"{self.name} raised {type(exc).__name__}: {exc}") from exc
-        out = result["out"]
+            out = self._call_with_timeout(q, k, v, causal, extras)
         for n, t in inputs.items():
             if not torch.equal(t.detach(), before[n]):
                 raise TargetError("mutates-inputs", f"{self.name} changed its input {n!r} in place")
@@ -126,6 +115,23 @@ class Target:
         if out.device != q.device:
             raise TargetError("wrong-device", f"{self.name} returned a tensor on {out.device}; expected {q.device}")
         return out
+
+    def _call_with_timeout(self, q: Any, k: Any, v: Any, causal: bool, extras: dict[str, Any]) -> Any:
+        from concurrent.futures import ThreadPoolExecutor
+        from concurrent.futures import TimeoutError as FutureTimeout
+
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gramcheck-target")
+        future = self._executor.submit(self.fn, q, k, v, causal=causal, **extras)
+        try:
+            return future.result(timeout=self.timeout)
+        except FutureTimeout:
+            # the worker is stuck in the target: abandon it (it ends when the call returns) and start over
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
+            raise TargetError("timeout", f"{self.name} did not return within {self.timeout:g} s") from None
+        except Exception as exc:  # noqa: BLE001 - everything the target raises is a finding
+            raise TargetError("raised", f"{self.name} raised {type(exc).__name__}: {exc}") from exc
 
     def __call__(self, q: Any, k: Any, v: Any, *, causal: bool, dtype: str | None = None, **extras: Any) -> np.ndarray:
         """Run on float64 arrays (representable in the dtype); returns float64 NumPy."""

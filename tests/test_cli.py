@@ -16,6 +16,7 @@ from gramcheck.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = ["--max-n", "6", "--max-d", "3", "--examples", "3"]
+LEAK = ["broken:softmax_leaking_one_future_token", "--variant", "softmax", "--causal", "--property", "causality", *FAST]
 
 
 def run(*args, cwd=None):
@@ -36,16 +37,7 @@ def test_check_passes_and_fails_with_exit_codes():
     good = run("check", "builtin:linear-elu", "--causal", "--property", "agreement", "--property", "causality", *FAST)
     assert good.returncode == 0, good.stderr
     assert "agreement" in good.stdout and "causality" in good.stdout and "2 passed, 0 failed" in good.stdout
-    bad = run(
-        "check",
-        "broken:softmax_leaking_one_future_token",
-        "--variant",
-        "softmax",
-        "--causal",
-        "--property",
-        "causality",
-        *FAST,
-    )
+    bad = run("check", *LEAK)
     assert bad.returncode == 1 and "FAIL" in bad.stdout and "0 passed, 1 failed" in bad.stdout
     js = run("check", "builtin:softmax", "--property", "convex-hull", "--json", *FAST)
     assert js.returncode == 0 and json.loads(js.stdout)["findings"][0]["name"] == "convex-hull"
@@ -91,18 +83,7 @@ def test_certify_verify_and_determinism_across_processes(tmp_path):
 
 def test_certify_a_failing_target_writes_its_counterexample(tmp_path):
     out = tmp_path / "leak.json"
-    r = run(
-        "certify",
-        "broken:softmax_leaking_one_future_token",
-        "--variant",
-        "softmax",
-        "--causal",
-        "--property",
-        "causality",
-        *FAST,
-        "-o",
-        str(out),
-    )
+    r = run("certify", *LEAK, "-o", str(out))
     assert r.returncode == 1
     data = load(out)
     assert data["passed"] is False and (tmp_path / data["properties"][0]["counterexample_file"]).exists()

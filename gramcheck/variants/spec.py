@@ -84,41 +84,19 @@ class Variant:
     def reference(self, q: Any, k: Any, v: Any, *, causal: bool = False, arith: Any = F64, **kwargs: Any) -> Any:
         """Evaluate the definition on float64 NumPy inputs in arithmetic ``arith``; returns that
         arithmetic's array (an ndarray for F64 and MP, a Ball for the ball arithmetics)."""
-        import numpy as np
-
         params, extras = self._split(kwargs)
         self.check_causal(causal)
         check_qkv(q, k, v, **extras)
-        with arith.context():
-            lifted = {n: arith.asarray(np.asarray(x, dtype=np.float64)) for n, x in extras.items()}
-            return self.reference_fn(
-                arith,
-                arith.asarray(np.asarray(q, dtype=np.float64)),
-                arith.asarray(np.asarray(k, dtype=np.float64)),
-                arith.asarray(np.asarray(v, dtype=np.float64)),
-                causal=causal,
-                **params,
-                **lifted,
-            )
+        return _evaluate(self.reference_fn, arith, (q, k, v), params, extras, causal=causal)
 
     def features(self, q: Any, k: Any, *, arith: Any = F64, **kwargs: Any) -> tuple[Any, Any]:
         """(phi(Q), phi(K)), each (B, H, N, m), whose product phi(Q) phi(K)^T is the variant's
         (unmasked, unnormalised) Gram matrix, evaluated in ``arith`` on float64 inputs."""
-        import numpy as np
-
         if self.features_fn is None:
             raise ValueError(f"variant: {self.name!r} has no feature map (its Gram matrix has no rank-m factors)")
         params, extras = self._split(kwargs)
         check_qkv(q, k, k, **extras)
-        with arith.context():
-            lifted = {n: arith.asarray(np.asarray(x, dtype=np.float64)) for n, x in extras.items()}
-            return self.features_fn(
-                arith,
-                arith.asarray(np.asarray(q, dtype=np.float64)),
-                arith.asarray(np.asarray(k, dtype=np.float64)),
-                **params,
-                **lifted,
-            )
+        return _evaluate(self.features_fn, arith, (q, k), params, extras)
 
     def torch(
         self,
@@ -155,3 +133,20 @@ class Variant:
             "declares": sorted(self.declares),
             "inputs": list(self.inputs),
         }
+
+
+def _evaluate(
+    fn: Callable[..., Any],
+    arith: Any,
+    arrays: tuple[Any, ...],
+    params: dict[str, Any],
+    extras: dict[str, Any],
+    **kw: Any,
+) -> Any:
+    """fn(arith, *arrays, **kw, **params, **extras) with every array lifted into ``arith`` from float64."""
+    import numpy as np
+
+    with arith.context():
+        lift = [arith.asarray(np.asarray(x, dtype=np.float64)) for x in arrays]
+        lifted = {n: arith.asarray(np.asarray(x, dtype=np.float64)) for n, x in extras.items()}
+        return fn(arith, *lift, **kw, **params, **lifted)
