@@ -181,3 +181,17 @@ def softmax_jacobian_k_bound(p: Any, q: Any, v: Any, scale: float) -> float:
     o = p @ v
     ev = np.einsum("ij,ij->i", p, _sq(v[None, :, :] - o[:, None, :]))
     return float(scale * math.sqrt(np.max(_sq(q) * ev) * p.sum(0).max()))
+
+
+def normattention_jacobian_v_bound(a: Any, v: Any, *, gain: float = 1.0, eps: float = 0.0) -> float:
+    """NormAttention O = Norm(U), U = A V (A the masked kernel phi(Q) phi(K)^T, no denominator), Norm the
+    RMSNorm y = g sqrt(d_v) u / sqrt(|u|^2 + d_v eps) of each row. dy/du = (g sqrt(d_v)/r)(I - u u^T / r^2),
+    r = sqrt(|u|^2 + d_v eps), of norm g sqrt(d_v)/r; with dU = A dV:
+    ||dO/dV||_2 <= g max_i sqrt(d_v) / r_i * ||A||_2 (proofs/jacobian-bounds.md). Bounded unless a row's
+    |u_i| is small: the norm replaces the denominator's 1/den by 1/|u|."""
+    a = np.asarray(a, dtype=np.float64)
+    v = np.asarray(v, dtype=np.float64)
+    u = a @ v
+    dv = v.shape[-1]
+    r = np.sqrt(_sq(u) + dv * eps)
+    return float(gain * np.max(np.sqrt(dv) / r) * np.linalg.norm(a, 2))

@@ -169,3 +169,28 @@ def test_qknorm_weight_range_function():
     lo, hi = bounds.qknorm_weight_range(4, 1.0)
     assert lo == pytest.approx(1 / (1 + 3 * math.e**2)) and hi == pytest.approx(1 / (1 + 3 * math.e**-2))
     assert bounds.qknorm_weight_range(1, 5.0) == (1.0, 1.0)
+
+
+def test_normattention_v_bound_attained_at_one_token():
+    """N = 1: dO/dV = (sqrt(d)/r)(I - u u^T/r^2) a, of norm exactly sqrt(d)/r * a (d >= 2)."""
+    from gramcheck.variants.common import rms_normalise
+    from gramcheck.torch_arith import TORCH
+
+    fq, fk = torch.tensor([[1.5, 0.2]], dtype=torch.float64), torch.tensor([[0.7, 1.1]], dtype=torch.float64)
+    v = torch.tensor([[0.3, -2.0, 0.8]], dtype=torch.float64)
+    eps = 1e-6
+
+    def norm_attention(vv):
+        return rms_normalise(TORCH, (fq @ fk.T) @ vv, eps)
+
+    a = (fq @ fk.T).numpy()
+    assert _norm2(norm_attention, v) == pytest.approx(
+        bounds.normattention_jacobian_v_bound(a, v.numpy(), eps=eps), rel=1e-10
+    )
+    rng = np.random.default_rng(6)
+    for _ in range(10):
+        fq2, fk2 = (torch.tensor(np.abs(rng.standard_normal((5, 3)))) for _ in range(2))
+        v2 = torch.tensor(rng.standard_normal((5, 4)))
+        a2 = (fq2 @ fk2.T).numpy()
+        f = lambda vv, fq2=fq2, fk2=fk2: rms_normalise(TORCH, (fq2 @ fk2.T) @ vv, eps)  # noqa: E731
+        assert _norm2(f, v2) <= bounds.normattention_jacobian_v_bound(a2, v2.numpy(), eps=eps) * (1 + 1e-9)

@@ -20,7 +20,7 @@ Component properties of random features (kernel MSE, ORF) are plain functions in
 | state-bound               | bounded-state (no GroupNorm)                    | gated-state-bound.md         |
 | gradcheck                 | every variant (float64, small inputs)           | jacobian-bounds.md           |
 | finite-gradients          | every variant                                   | jacobian-bounds.md           |
-| jacobian-norm             | linear in V (and Q, K bounds where derived)     | jacobian-bounds.md           |
+| jacobian-norm             | linear in V or NormAttention (+ Q, K bounds)    | jacobian-bounds.md           |
 | depth-growth              | softmax, DiagAttention, linear-elu/relu         | jacobian-bounds.md           |
 | energy-share (diagnostic) | every variant                                   | gram-spectrum.md             |
 """

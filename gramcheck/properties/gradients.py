@@ -140,6 +140,12 @@ def _analytic(
 ) -> dict[str, float]:
     """Analytic bounds on the norms of dO/dQ, dO/dK, dO/dV for one slice q, k, v of shape (1, 1, N, d)."""
     var = target.variant
+    if var.name == "transnormer-norm":
+        fq, fk = var.features(q, k, **{n: x for n, x in target.params.items() if n == "feature"})
+        a = fq[0, 0] @ fk[0, 0].T
+        a = np.tril(a) if causal else a
+        gain = float(target.params["gain"]) if target.params.get("norm") == "rmsnorm" else 1.0
+        return {"v": bounds.normattention_jacobian_v_bound(a, v[0, 0], gain=gain, eps=float(target.params["norm_eps"]))}
     p = attention_matrix(var, q, k, causal=causal, **target.params, **extras)[0, 0]
     out = {"v": bounds.jacobian_v_bound(p)}
     q0, k0, v0 = q[0, 0], k[0, 0], v[0, 0]
@@ -167,7 +173,10 @@ def has_q_bound(variant: Any, causal: bool, params: dict[str, Any]) -> bool:
 
 
 def linear_in_v(variant: Any, causal: bool, params: dict[str, Any]) -> bool:
-    return "v-scale-invariant" not in variant.declares and not params.get("group_norm")
+    """V-Jacobian bound available: variants linear in V, and NormAttention (its own bound)."""
+    return variant.name == "transnormer-norm" or (
+        "v-scale-invariant" not in variant.declares and not params.get("group_norm")
+    )
 
 
 @guarded("jacobian-norm")
