@@ -173,8 +173,8 @@ def test_qknorm_weight_range_function():
 
 def test_normattention_v_bound_attained_at_one_token():
     """N = 1: dO/dV = (sqrt(d)/r)(I - u u^T/r^2) a, of norm exactly sqrt(d)/r * a (d >= 2)."""
-    from gramcheck.variants.common import rms_normalise
     from gramcheck.torch_arith import TORCH
+    from gramcheck.variants.common import rms_normalise
 
     fq, fk = torch.tensor([[1.5, 0.2]], dtype=torch.float64), torch.tensor([[0.7, 1.1]], dtype=torch.float64)
     v = torch.tensor([[0.3, -2.0, 0.8]], dtype=torch.float64)
