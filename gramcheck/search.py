@@ -73,9 +73,11 @@ def run_property(
     prop: Property, target: Target, *, causal: bool, domain: Domain = Domain(), profile_name: str = "ci", seed: int = 0
 ) -> Finding:
     """The worst Finding of ``prop`` over the examples of ``domain``; a failure is shrunk first."""
-    kinds = tuple(k for k in (domain.kinds or prop.kinds) if domain.kinds is None or k in domain.kinds)
-    if domain.kinds is not None:
-        kinds = tuple(domain.kinds)
+    # the domain's kinds, narrowed to the property's own (gradients: smooth kinds) where they overlap
+    if domain.kinds is None:
+        kinds = prop.kinds
+    else:
+        kinds = tuple(k for k in domain.kinds if k in prop.kinds) or tuple(domain.kinds)
     strategy = attention_inputs(
         target.variant,
         dtype=target.dtype,
