@@ -111,6 +111,7 @@ def run_property(
         if f is None:
             reject()
         if f.failure == "timeout" and not timed_out:
+            f.details["examples"] = count[0] + 1  # the calls made; later ones replay this finding
             timed_out.append(f)
         count[0] += 1
         score = f.measured / f.bound if f.bound > 0 else f.measured

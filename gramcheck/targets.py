@@ -11,6 +11,7 @@ wrong-dtype, wrong-device, mutates-inputs), which properties report as a failing
 from __future__ import annotations
 
 import importlib
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -117,21 +118,18 @@ class Target:
         return out
 
     def _call_with_timeout(self, q: Any, k: Any, v: Any, causal: bool, extras: dict[str, Any]) -> Any:
-        from concurrent.futures import ThreadPoolExecutor
-        from concurrent.futures import TimeoutError as FutureTimeout
-
         if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gramcheck-target")
-        future = self._executor.submit(self.fn, q, k, v, causal=causal, **extras)
-        try:
-            return future.result(timeout=self.timeout)
-        except FutureTimeout:
-            # the worker is stuck in the target: abandon it (it ends when the call returns) and start over
-            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = _Worker(f"gramcheck-target-{self.name}")
+        done, box = self._executor.submit(lambda: self.fn(q, k, v, causal=causal, **extras))
+        if not done.wait(self.timeout):
+            # the worker is stuck in the target: abandon it (a daemon thread, so it cannot keep the
+            # process alive) and start a fresh one for the next call
             self._executor = None
-            raise TargetError("timeout", f"{self.name} did not return within {self.timeout:g} s") from None
-        except Exception as exc:  # noqa: BLE001 - everything the target raises is a finding
+            raise TargetError("timeout", f"{self.name} did not return within {self.timeout:g} s")
+        if "exc" in box:
+            exc = box["exc"]
             raise TargetError("raised", f"{self.name} raised {type(exc).__name__}: {exc}") from exc
+        return box["out"]
 
     def __call__(self, q: Any, k: Any, v: Any, *, causal: bool, dtype: str | None = None, **extras: Any) -> np.ndarray:
         """Run on float64 arrays (representable in the dtype); returns float64 NumPy."""
@@ -142,6 +140,31 @@ class Target:
     def reference(self, q: Any, k: Any, v: Any, *, causal: bool, **extras: Any) -> np.ndarray:
         """The variant's float64 reference with this target's hyperparameters."""
         return np.asarray(self.variant.reference(q, k, v, causal=causal, **self.params, **extras))
+
+
+class _Worker:
+    """One daemon thread that runs submitted calls in order (reused across calls: starting a thread per
+    call made torch set up per-thread state every time)."""
+
+    def __init__(self, name: str):
+        import queue
+
+        self._tasks: Any = queue.Queue()
+        threading.Thread(target=self._run, name=name, daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            fn, done, box = self._tasks.get()
+            try:
+                box["out"] = fn()
+            except Exception as exc:  # noqa: BLE001 - reported by the caller as a finding
+                box["exc"] = exc
+            done.set()
+
+    def submit(self, fn: Callable[[], Any]) -> tuple[threading.Event, dict[str, Any]]:
+        done, box = threading.Event(), dict[str, Any]()
+        self._tasks.put((fn, done, box))
+        return done, box
 
 
 def builtin(

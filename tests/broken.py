@@ -112,3 +112,11 @@ def performer_global_key_stabiliser(q, k, v, *, causal, projection):
     fq = favor(TORCH, q, w, is_query=True)
     fk = favor(TORCH, k, w, is_query=False)
     return torch_normalised(fq, fk, v, causal=causal, form="chunked", chunk_size=4)
+
+
+def hangs_forever(q, k, v, *, causal):
+    """Never returns (the CLI test checks that gramcheck still finishes and exits)."""
+    import time
+
+    while True:
+        time.sleep(0.5)

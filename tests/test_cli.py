@@ -172,3 +172,20 @@ def test_fuzz_argument_parser(argv):
         parser.parse_args(argv)
     except SystemExit as exc:  # argparse's own usage error: exit status 2 (or 0 for --help/--version)
         assert exc.code in (0, 2)
+
+
+def test_a_target_that_never_returns_does_not_keep_gramcheck_alive():
+    r = run(
+        "check",
+        "broken:hangs_forever",
+        "--variant",
+        "softmax",
+        "--property",
+        "agreement",
+        "--property",
+        "convex-hull",
+        "--timeout",
+        "0.5",
+        *FAST,
+    )
+    assert r.returncode == 1 and r.stdout.count("timeout") == 2 and "0 passed, 2 failed" in r.stdout
