@@ -75,7 +75,7 @@ def finite_gradients(target: Target, ex: AttentionInputs, *, causal: bool) -> Fi
     o = target.call_torch(q, k, v, causal=causal, **t)
     if not bool(torch.isfinite(o).all()):
         return None  # a non-finite forward is agreement's finding, not this one's
-    w = torch.as_tensor(_rng(ex, "w").standard_normal(o.shape)).to(o.dtype)
+    w = torch.as_tensor(_rng(ex, "w").standard_normal(o.shape)).to(dtype=o.dtype, device=o.device)
     grads = torch.autograd.grad((o * w).sum(), (q, k, v), allow_unused=True)
     bad = {n: int((~torch.isfinite(g)).sum()) for n, g in zip("qkv", grads, strict=True) if g is not None}
     total = sum(bad.values())
@@ -102,12 +102,12 @@ def spectral_norm(f: Callable[[Any], Any], x: Any, *, iterations: int = POWER_IT
 
     if x.numel() <= EXACT_JACOBIAN_SIZE:
         jac = jacobian(f, x, vectorize=True)
-        mat = jac.reshape(-1, x.numel()).detach().numpy()
+        mat = jac.reshape(-1, x.numel()).detach().cpu().numpy()
         if not np.all(np.isfinite(mat)):
             return math.inf
         return float(np.linalg.norm(mat, 2)) if mat.size else 0.0
     g = torch.Generator().manual_seed(seed)
-    u = torch.randn(x.shape, generator=g, dtype=x.dtype)
+    u = torch.randn(x.shape, generator=g, dtype=x.dtype).to(x.device)
     u = u / u.norm()
     sigma = 0.0
     for _ in range(iterations):
@@ -232,7 +232,7 @@ def depth_growth(target: Target, ex: AttentionInputs, *, causal: bool) -> Findin
     bound = 1.0
     xl = t["x"]
     for depth in range(DEPTH):
-        xn = xl.detach().numpy()
+        xn = xl.detach().cpu().numpy()
         lx = AttentionInputs(xn, xn, xn, ex.extras, ex.kind, ex.dtype, ex.meta)
         if _undefined(target, lx, causal):
             return None
