@@ -67,13 +67,15 @@ def check(
     seed: int = 0,
     params: dict[str, Any] | None = None,
     timeout: float | None = 60.0,
+    progress: Callable[[str, int, int], None] | None = None,
 ) -> Report:
     """Check ``target`` as an implementation of ``variant`` (B, H, N, d layout) and return a Report.
 
     ``properties``: names from ``gramcheck.properties.names()`` (default: every property applicable to
     the variant, mode and dtype); ``domain``: a ``Domain`` or its fields as a dict (kinds, max_n, max_d,
     max_b, max_h, examples); ``profile``: 'ci' (fast, derandomised) or 'thorough'; ``params``: the
-    hyperparameters the target implements (passed to the reference)."""
+    hyperparameters the target implements (passed to the reference); ``progress(name, done, total)`` is
+    called before each property and once at the end (name '')."""
     check_choice("profile", profile, tuple(PROFILES))
     t = make_target(target, variant, dtype=dtype, device=device, params=params, timeout=timeout)
     var = t.variant
@@ -86,8 +88,12 @@ def check(
     else:
         props = [_properties.get(p) for p in properties]
     report = Report(t.name, var.name, causal, t.dtype, device, profile, seed, dom.to_dict(), params=dict(t.overrides))
-    for p in props:
+    for i, p in enumerate(props):
+        if progress is not None:
+            progress(p.name, i, len(props))
         report.findings.append(run_property(p, t, causal=causal, domain=dom, profile_name=profile, seed=seed))
+    if progress is not None:
+        progress("", len(props), len(props))
     return report
 
 
@@ -112,16 +118,23 @@ def certify(
 ) -> Certificate:
     """Run ``check`` and turn its Report into a Certificate (written to ``out`` when given, with its
     counterexample .npz files beside it). Same keywords as ``check``."""
-    from .certificate import from_report, source_hash
-
     report = check(target, variant, **kwargs)
-    fn, name = resolve(target) if not isinstance(target, Target) else (target.fn, None)
-    src = None if name is not None else source_hash(fn)
-    stem = "certificate" if out is None else Path(out).stem
-    cert = from_report(report, target_spec=target_spec(target), source=src, stem=stem)
+    cert = certificate_of(report, target, stem="certificate" if out is None else Path(out).stem)
     if out is not None:
         cert.write(out)
     return cert
+
+
+def certificate_of(report: Report, target: Any, *, spec: str | None = None, stem: str = "certificate") -> Certificate:
+    """The Certificate of ``report`` for ``target`` (a callable, 'module:attr', 'builtin:NAME' or a Target):
+    records ``spec`` (default ``target_spec(target)``) and the SHA-256 of the target's source, none for
+    gramcheck's own forms."""
+    from .certificate import from_report, source_hash
+
+    spec = target_spec(target) if spec is None else spec
+    fn = target.fn if isinstance(target, Target) else resolve(target)[0]
+    src = None if spec.startswith("builtin:") or fn is None else source_hash(fn)
+    return from_report(report, target_spec=spec, source=src, stem=stem)
 
 
 @dataclass

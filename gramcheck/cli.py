@@ -99,44 +99,18 @@ def _findings_table(title: str, findings: Sequence[Any]) -> Any:
 
 
 def _run_check(args: argparse.Namespace) -> Any:
-    """check with a progress bar over properties; returns the Report."""
+    """``api.check`` with a progress bar over the properties; returns the Report."""
     from rich.progress import Progress
 
-    from .api import make_target
-    from .report import Report
-    from .search import Domain, run_property
+    from .api import check
 
-    kw = _check_kwargs(args)
-    t = make_target(
-        args.target, args.variant, dtype=kw["dtype"], device=kw["device"], params=kw["params"], timeout=kw["timeout"]
-    )
-    t.variant.check_causal(kw["causal"])
-    dom = Domain(**kw["domain"])
-    props = (
-        [_properties.get(p) for p in kw["properties"]]
-        if kw["properties"]
-        else _properties.applicable(t.variant, kw["causal"], dict(t.params), dtype=t.dtype)
-    )
-    report = Report(
-        t.name,
-        t.variant.name,
-        kw["causal"],
-        t.dtype,
-        kw["device"],
-        kw["profile"],
-        kw["seed"],
-        dom.to_dict(),
-        params=dict(t.overrides),
-    )
-    with Progress(console=_console(), transient=True, disable=not sys.stderr.isatty()) as progress:
-        task = progress.add_task("checking", total=len(props))
-        for p in props:
-            progress.update(task, description=f"{p.name}")
-            report.findings.append(
-                run_property(p, t, causal=kw["causal"], domain=dom, profile_name=kw["profile"], seed=kw["seed"])
-            )
-            progress.advance(task)
-    return report
+    with Progress(console=_console(), transient=True, disable=not sys.stderr.isatty()) as bar:
+        task = bar.add_task("checking")
+
+        def progress(name: str, done: int, total: int) -> None:
+            bar.update(task, description=name or "done", completed=done, total=total)
+
+        return check(args.target, args.variant, progress=progress, **_check_kwargs(args))
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -170,18 +144,10 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_certify(args: argparse.Namespace) -> int:
-    from .api import target_spec
-    from .certificate import from_report, source_hash
-    from .targets import resolve
+    from .api import certificate_of
 
     report = _run_check(args)
-    fn, name = resolve(args.target)
-    cert = from_report(
-        report,
-        target_spec=target_spec(args.target),
-        source=None if name else source_hash(fn),
-        stem=Path(args.output).stem,
-    )
+    cert = certificate_of(report, args.target, stem=Path(args.output).stem)
     path = cert.write(args.output)
     console = _console()
     console.print(_findings_table(report.summary().splitlines()[0], report.findings))

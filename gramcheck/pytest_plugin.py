@@ -98,7 +98,8 @@ def attention_suite(
             _properties.get(gramcheck_property), t, causal=causal, domain=dom, profile_name=prof, seed=sd
         )
         getattr(cfg, _RESULTS_KEY, {}).setdefault(
-            key, {"spec": spec, "target": t, "profile": prof, "seed": sd, "domain": dom, "findings": []}
+            key,
+            {"spec": spec, "target": t, "causal": causal, "profile": prof, "seed": sd, "domain": dom, "findings": []},
         )["findings"].append(finding)
         if not finding.passed:
             msg = [
@@ -120,22 +121,22 @@ def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
     out = session.config.getoption("--gramcheck-certificates", default=None)
     if not out:
         return
-    from .certificate import canonical_json, content_hash, from_report, source_hash
+    from .api import certificate_of
+    from .certificate import canonical_json, content_hash
     from .report import Report
-    from .targets import resolve
 
     directory = Path(out)
     directory.mkdir(parents=True, exist_ok=True)
     results = getattr(session.config, _RESULTS_KEY, {})
     tag = getattr(session.config, "workerinput", {}).get("workerid", "main")
-    for key, r in results.items():
+    for r in results.values():
         t = r["target"]
-        slug = _slug(f"{r['spec']}-{t.variant.name}-{'causal' if json.loads(key)[2] else 'full'}-{t.dtype}")
+        slug = _slug(f"{r['spec']}-{t.variant.name}-{'causal' if r['causal'] else 'full'}-{t.dtype}")
         findings = sorted(r["findings"], key=lambda f: f.name)
         report = Report(
             t.name,
             t.variant.name,
-            json.loads(key)[2],
+            r["causal"],
             t.dtype,
             t.device,
             r["profile"],
@@ -144,10 +145,7 @@ def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
             findings,
             params=dict(t.overrides),
         )
-        fn, builtin_name = (
-            resolve(r["spec"]) if ":" in r["spec"] and not r["spec"].startswith("python:") else (t.fn, None)
-        )
-        cert = from_report(report, target_spec=r["spec"], source=None if builtin_name else source_hash(fn), stem=slug)
+        cert = certificate_of(report, t, spec=r["spec"], stem=slug)
         for name, blob in cert.attachments.items():
             (directory / name).write_bytes(blob)
         (directory / f".{slug}~{tag}~{os.getpid()}.partial.json").write_text(canonical_json(cert.data))
