@@ -233,6 +233,11 @@ class Arith:
         m = np.max(vals, axis=axis, keepdims=True)
         return self.asarray(np.where(np.isfinite(m), m, 0.0))
 
+    def running_max(self, x: Array, axis: int) -> Array:
+        """An exact constant, the cumulative maximum of x along ``axis`` (x itself an exact constant, e.g.
+        from ``stop_max``): a stabilising shift that may only look backwards."""
+        return self.asarray(np.maximum.accumulate(np.asarray(self.b.to_float64(self.mid(x))), axis=axis))
+
 
 def _gt(x: Any, c: float) -> np.ndarray:
     return np.asarray(x > c, dtype=bool)

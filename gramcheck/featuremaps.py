@@ -15,7 +15,6 @@ phi(x) of shape (B, H, N, m). Formulas (shared/BOUNDS.md, proofs/favor-mse.md):
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -98,44 +97,33 @@ def favor(
     return (feats + feature_eps) / ar.sqrt(ar.const(count))
 
 
-def favor_keys_prefix_ref(
+def favor_keys_prefix(
     ar: Any, x: Any, projection: Any, *, kind: str = "positive", scale: float | None = None
 ) -> tuple[Any, Any]:
-    """The definition of ``favor_keys_prefix`` in any arithmetic: the running maxima M_t are exact
-    constants (from the computed log-amplitudes, as ``stop_max``), g_t = M_{t-1} - M_t is computed in the
-    arithmetic, so the decays cancel exactly in the normalised output whatever M is."""
+    """Causal key features stabilised by the running maximum: with c_t the largest log-amplitude of token
+    t and M_t = max_{s<=t} c_s (exact constants, like ``stop_max``), returns features
+    exp(L_t - M_t) F / sqrt(count) and scalar log-decays g_t = M_{t-1} - M_t <= 0 (g_1 = 0), shape
+    (B, H, N, 1), computed in the arithmetic. The gated recurrence S_t = e^{g_t} S_{t-1} + phi_t v_t^T then
+    holds e^{-M_t} times the unstabilised sums, a factor that cancels in the normalised output. Unlike the
+    global key maximum, no future token enters: the form is causal bit for bit, and a later outlier key
+    cannot underflow earlier features (proofs/invariants.md)."""
     log_amp, mult, count, _ = _favor_parts(ar, x, projection, kind, scale)
-    c = np.asarray(ar.to_float64(ar.stop_max(log_amp, -1)), dtype=np.float64)  # (B, H, N, 1)
-    run = np.maximum.accumulate(c, axis=-2)
-    prev = np.concatenate([run[..., :1, :], run[..., :-1, :]], axis=-2)
-    g = ar.asarray(prev) - ar.asarray(run)
-    feats = ar.exp(log_amp - ar.asarray(run))
+    run = ar.running_max(ar.stop_max(log_amp, -1), -2)
+    g = ar.concat([run[..., :1, :], run[..., :-1, :]], axis=-2) - run
+    feats = ar.exp(log_amp - run)
     if mult is not None:
         feats = feats * mult
     return feats / ar.sqrt(ar.const(count)), g
 
 
-def favor_keys_prefix(
-    x: Any, projection: Any, *, kind: str = "positive", scale: float | None = None
-) -> tuple[Any, Any]:
-    """Causal key features stabilised by the running maximum (torch only): with c_t the largest
-    log-amplitude of token t and M_t = max_{s<=t} c_s, returns features exp(L_t - M_t) F / sqrt(count)
-    and scalar log-decays g_t = M_{t-1} - M_t <= 0 (g_1 = 0), shape (B, H, N, 1). The gated recurrence
-    S_t = e^{g_t} S_{t-1} + phi_t v_t^T then holds e^{-M_t} times the unstabilised sums, a factor that
-    cancels in the normalised output. Unlike the global key maximum, no future token enters: the form is
-    causal bit for bit, and a later outlier key cannot underflow earlier features (proofs/invariants.md)."""
-    import torch
-
-    from .torch_arith import TORCH
-
-    log_amp, mult, count, _ = _favor_parts(TORCH, x, projection, kind, scale)
-    c = log_amp.detach().amax(dim=-1, keepdim=True)
-    run = torch.cummax(c, dim=-2).values
-    g = torch.cat([torch.zeros_like(run[..., :1, :]), run[..., :-1, :] - run[..., 1:, :]], dim=-2)
-    feats = torch.exp(log_amp - run)
-    if mult is not None:
-        feats = feats * mult
-    return feats / math.sqrt(count), g
+def favor_causal(
+    ar: Any, q: Any, k: Any, projection: Any, *, kind: str = "positive", scale: float | None = None
+) -> tuple[Any, Any, Any]:
+    """(phi(Q), phi(K), g) of causal FAVOR+: queries stabilised per token, keys by the running maximum
+    with its decays (``favor_keys_prefix``); the normalised gated recurrence over them is the output."""
+    fq = favor(ar, q, projection, is_query=True, kind=kind, scale=scale)
+    fk, g = favor_keys_prefix(ar, k, projection, kind=kind, scale=scale)
+    return fq, fk, g
 
 
 # --------------------------------------------------------------------------------------------------

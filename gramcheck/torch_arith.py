@@ -82,5 +82,9 @@ class TorchArith:
         m = x.amax(dim=dims, keepdim=True)
         return _torch().where(_torch().isfinite(m), m, _torch().zeros_like(m))
 
+    def running_max(self, x: Any, axis: int) -> Any:
+        """Cumulative maximum along ``axis``, detached (a stabilising shift carries no gradient)."""
+        return _torch().cummax(x.detach(), dim=axis).values
+
 
 TORCH = TorchArith()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..featuremaps import favor, favor_keys_prefix, favor_keys_prefix_ref
+from ..featuremaps import favor, favor_causal
 from ..torch_arith import TORCH
 from .common import ref_normalised, ref_normalised_gated, torch_normalised
 from .linear import LINEAR_FORMS
@@ -39,8 +39,7 @@ def reference(ar: Any, q: Any, k: Any, v: Any, *, causal: bool, projection: Any,
     as the normalised gated recurrence of the running-maximum key stabiliser (the production form's
     structure, so that the rounding model describes what the forms compute; proofs/invariants.md)."""
     if causal and prefix_stabilised(p, eps):
-        fq = favor(ar, q, projection, is_query=True, kind=p["kind"], scale=p["scale"])
-        fk, g = favor_keys_prefix_ref(ar, k, projection, kind=p["kind"], scale=p["scale"])
+        fq, fk, g = favor_causal(ar, q, k, projection, kind=p["kind"], scale=p["scale"])
         return ref_normalised_gated(ar, fq, fk, v, g)
     fq, fk = _features(ar, q, k, projection, p)
     return ref_normalised(ar, fq, fk, v, causal=causal, eps=eps)
@@ -58,8 +57,7 @@ def torch_forward(
     running maximum with the matching decays (``favor_keys_prefix``), so no future token enters."""
     w = projection.to(dtype=q.dtype, device=q.device)
     if causal and prefix_stabilised(p, eps):
-        fq = favor(TORCH, q, w, is_query=True, kind=p["kind"], scale=p["scale"])
-        fk, g = favor_keys_prefix(k, w, kind=p["kind"], scale=p["scale"])
+        fq, fk, g = favor_causal(TORCH, q, k, w, kind=p["kind"], scale=p["scale"])
         return torch_normalised(fq, fk, v, causal=True, form=form, chunk_size=chunk_size, eps=eps, g=g)
     fq, fk = _features(TORCH, q, k, w, p)
     return torch_normalised(fq, fk, v, causal=causal, form=form, chunk_size=chunk_size, eps=eps)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..featuremaps import elementwise, favor, favor_keys_prefix, favor_keys_prefix_ref
+from ..featuremaps import elementwise, favor, favor_causal
 from ..torch_arith import TORCH
 from . import softmax
 from .common import in_float32, ref_normalised, ref_normalised_gated, standardise, torch_normalised
@@ -81,9 +81,7 @@ def features_performer(ar: Any, q: Any, k: Any, *, projection: Any, stabilize: b
 
 def reference_performer(ar: Any, q: Any, k: Any, v: Any, *, causal: bool, projection: Any, **p: Any) -> Any:
     if causal:  # the running-maximum key stabiliser, as the causal forms compute it
-        qn, kn = _normed(ar, q, k, p)
-        fq = favor(ar, qn, projection, kind="positive", is_query=True, scale=1.0)
-        fk, g = favor_keys_prefix_ref(ar, kn, projection, kind="positive", scale=1.0)
+        fq, fk, g = favor_causal(ar, *_normed(ar, q, k, p), projection, scale=1.0)
         return ref_normalised_gated(ar, fq, fk, v, g)
     fq, fk = features_performer(ar, q, k, projection=projection, **p)
     return ref_normalised(ar, fq, fk, v, causal=causal)
@@ -98,10 +96,10 @@ def torch_performer(
 ) -> Any:
     qn, kn = _normed(TORCH, q, k, p)
     w = projection.to(dtype=q.dtype, device=q.device)
-    fq = favor(TORCH, qn, w, kind="positive", is_query=True, scale=1.0)
     if causal:  # running-maximum key stabiliser: causal bit for bit (featuremaps.favor_keys_prefix)
-        fk, g = favor_keys_prefix(kn, w, kind="positive", scale=1.0)
+        fq, fk, g = favor_causal(TORCH, qn, kn, w, scale=1.0)
         return torch_normalised(fq, fk, v, causal=True, form=form, chunk_size=chunk_size, g=g)
+    fq = favor(TORCH, qn, w, kind="positive", is_query=True, scale=1.0)
     fk = favor(TORCH, kn, w, kind="positive", is_query=False, scale=1.0)
     return torch_normalised(fq, fk, v, causal=causal, form=form, chunk_size=chunk_size)
 
