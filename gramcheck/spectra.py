@@ -136,6 +136,13 @@ def _core_mp(fq: np.ndarray, fk: np.ndarray, prec: int) -> tuple[np.ndarray, flo
     return vals, n1 * n2
 
 
+def _mp_split(fq: np.ndarray, fk: np.ndarray, prec: int, c: int) -> tuple[np.ndarray, int, float]:
+    """(resolved values, unresolved count, floor) of the factor path in mpmath at ``prec`` bits."""
+    s, scale = _core_mp(fq, fk, prec)
+    floor = c * math.ldexp(1.0, -prec) * scale
+    return (*_split(s, floor), floor)
+
+
 def _split(s: np.ndarray, floor: float) -> tuple[np.ndarray, int]:
     s = np.sort(np.asarray(s, dtype=np.float64))[::-1]
     keep = s > floor
@@ -163,16 +170,11 @@ def factor_spectrum(
     n, m = max(fq.shape[0], fk.shape[0]), fq.shape[1]
     size = min(fq.shape[0], fk.shape[0], m)
     c = resolution_constant(n, m)
-    if precision != "auto" and precision != "float64":
-        prec = int(precision)
-        if prec < 53:
+    if precision not in ("auto", "float64"):
+        if isinstance(precision, bool) or not isinstance(precision, (int, np.integer)) or precision < 53:
             raise ValueError(f"precision: got {precision!r}; expected 'auto', 'float64' or bits >= 53")
-        s, scale = _core_mp(fq, fk, prec)
-        floor = c * math.ldexp(1.0, -prec) * scale
-        vals, unres = _split(s, floor)
-        return Spectrum(vals, unres, floor, "factors", f"mpmath[{prec}]", size)
-    if precision != "auto" and precision != "float64":  # pragma: no cover - handled above
-        raise ValueError(f"precision: got {precision!r}")
+        vals, unres, floor = _mp_split(fq, fk, int(precision), c)
+        return Spectrum(vals, unres, floor, "factors", f"mpmath[{int(precision)}]", size)
     s, scale = _core_f64(fq, fk)
     floor = c * U64 * scale
     vals, unres = _split(s, floor)
@@ -194,13 +196,10 @@ def factor_spectrum(
     smallest = vals[-1] if vals.size else scale
     short = math.log2(max(floor / (rtol * max(smallest, 1e-300)), 1.0))
     prec = 53 + int(math.ceil(short)) + 20 + (64 if unres else 0)
-    for _ in range(2):
-        s, scale = _core_mp(fq, fk, prec)
-        floor_mp = c * math.ldexp(1.0, -prec) * scale
-        vals, unres = _split(s, floor_mp)
-        if not unres:
-            break
+    vals, unres, floor_mp = _mp_split(fq, fk, prec, c)
+    if unres:
         prec *= 2
+        vals, unres, floor_mp = _mp_split(fq, fk, prec, c)
     note = f"{unres} value(s) at or below {floor_mp:.3g} even in mpmath[{prec}]: numerically zero" if unres else ""
     return Spectrum(vals, unres, floor_mp, "factors", f"mpmath[{prec}]", size, note=note)
 
