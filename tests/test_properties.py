@@ -25,16 +25,16 @@ from broken import (
 from gramcheck import properties as P
 from gramcheck import variants as V
 from gramcheck.api import check
+from gramcheck.demo import BOUNDED_KINDS, KNOWN_FINDINGS
 from gramcheck.properties import kernels as K
 from gramcheck.report import PropertyFailure
 from gramcheck.search import Domain
 
 SMALL = {"max_n": 8, "max_d": 3, "examples": 6}
-# FAVOR+ features underflow for |x|^2 / (2 sqrt d) beyond the exponent range in every dtype (see
-# test_favor_underflow_is_found): the random-feature variants are checked on bounded-norm kinds
-BOUNDED = ("gaussian", "spectrum", "low-rank", "near-duplicate", "heavy-tail", "anti-aligned", "degenerate", "long")
+# the random-feature variants are checked on bounded-norm kinds, as the demo certifies them (gramcheck.demo)
+BOUNDED = BOUNDED_KINDS
 # real failure modes the catalogue must report (asserted in test_known_failure_modes_are_found)
-KNOWN = {("linear-relu", "normaliser-margin"), ("performer-trig", "normaliser-margin")}
+KNOWN = set(KNOWN_FINDINGS)
 
 
 def _modes(var):
