@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -233,7 +234,7 @@ def depth_growth(target: Target, ex: AttentionInputs, *, causal: bool) -> Findin
     xl = t["x"]
     for depth in range(DEPTH):
         xn = xl.detach().cpu().numpy()
-        lx = AttentionInputs(xn, xn, xn, ex.extras, ex.kind, ex.dtype, ex.meta)
+        lx = replace(ex, q=xn, k=xn, v=xn)
         if _undefined(target, lx, causal):
             return None
         per = max(

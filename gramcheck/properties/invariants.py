@@ -5,12 +5,14 @@ invariances, and the QK-norm weight range."""
 from __future__ import annotations
 
 import zlib
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from ..bounds import qknorm_weight_range
 from ..findings import Finding
+from ..precision import round_to
 from ..strategies import AttentionInputs
 from ..targets import Target
 from .base import bound_of, guarded, ratio_finding
@@ -101,11 +103,7 @@ def causality(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding |
         return None
     rng = _rng(ex, "future")
     t = int(rng.integers(0, n - 1))
-    fut = AttentionInputs(
-        ex.q.copy(), ex.k.copy(), ex.v.copy(), {k: x.copy() for k, x in ex.extras.items()}, ex.kind, ex.dtype, ex.meta
-    )
-    from ..precision import round_to
-
+    fut = replace(ex, q=ex.q.copy(), k=ex.k.copy(), v=ex.v.copy(), extras={n: x.copy() for n, x in ex.extras.items()})
     for x in (fut.q, fut.k, fut.v):
         x[..., t + 1 :, :] = round_to(rng.standard_normal(x[..., t + 1 :, :].shape) * (1 + np.abs(x).max()), ex.dtype)
     if "g" in fut.extras:
@@ -152,14 +150,8 @@ def _pow2_scales(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray
 def qk_scale_invariance(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding | None:
     """Scaling rows of q and of k by positive constants leaves a QK-normalised output unchanged."""
     rng = _rng(ex, "scale")
-    changed = AttentionInputs(
-        ex.q * _pow2_scales(rng, ex.q.shape[:-1] + (1,)),
-        ex.k * _pow2_scales(rng, ex.k.shape[:-1] + (1,)),
-        ex.v,
-        ex.extras,
-        ex.kind,
-        ex.dtype,
-        ex.meta,
+    changed = replace(
+        ex, q=ex.q * _pow2_scales(rng, ex.q.shape[:-1] + (1,)), k=ex.k * _pow2_scales(rng, ex.k.shape[:-1] + (1,))
     )
     return _invariance("qk-scale-invariance", target, ex, causal, changed)
 
@@ -168,7 +160,7 @@ def qk_scale_invariance(target: Target, ex: AttentionInputs, *, causal: bool) ->
 def v_scale_invariance(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding | None:
     """Scaling V by a positive constant leaves an output-normalised (NormAttention) output unchanged."""
     c = float(_pow2_scales(_rng(ex, "vscale"), ()))
-    changed = AttentionInputs(ex.q, ex.k, ex.v * c, ex.extras, ex.kind, ex.dtype, ex.meta)
+    changed = replace(ex, v=ex.v * c)
     return _invariance("v-scale-invariance", target, ex, causal, changed)
 
 
