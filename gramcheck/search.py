@@ -114,7 +114,7 @@ def run_property(
             f.details["examples"] = count[0] + 1  # the calls made; later ones replay this finding
             timed_out.append(f)
         count[0] += 1
-        score = f.measured / f.bound if f.bound > 0 else f.measured
+        score = _score(f)
         htarget(score if math.isfinite(score) else 1e300, label=prop.name)
         if not worst or _worse(f, worst[0]):
             worst[:] = [f]
@@ -129,15 +129,12 @@ def run_property(
         f.details["shrunk"] = True
         return f
     except Flaky as exc:
-        return Finding(
-            prop.name, False, math.inf, 1.0, details={"failure": "nondeterministic", "error": str(exc)[:500]}
-        )
+        return Finding(prop.name, math.inf, 1.0, details={"failure": "nondeterministic", "error": str(exc)[:500]})
     except Unsatisfiable:
         return _no_examples(prop)
     except Exception as exc:  # noqa: BLE001 - an unexpected error is reported, never raised
         return Finding(
             prop.name,
-            False,
             math.inf,
             1.0,
             details={"failure": "internal-error", "error": f"{type(exc).__name__}: {str(exc)[:500]}"},
@@ -150,10 +147,16 @@ def run_property(
 
 
 def _no_examples(prop: Property) -> Finding:
-    return Finding(prop.name, True, 0.0, 1.0, details={"examples": 0, "note": "no input in the domain met the premise"})
+    reason = "no input in the domain met the premise"
+    return Finding.skip(prop.name, reason, examples=0, note=reason)
+
+
+def _score(f: Finding) -> float:
+    """How close to failing: 1 / margin (the ratio measured / bound of an upper bound; inf on failure
+    without a ratio), so that every sense climbs the same way."""
+    m = f.margin
+    return 0.0 if m == math.inf else (math.inf if m == 0 or m != m else 1.0 / m)
 
 
 def _worse(a: Finding, b: Finding) -> bool:
-    ra = a.measured / a.bound if a.bound > 0 else a.measured
-    rb = b.measured / b.bound if b.bound > 0 else b.measured
-    return (not a.passed and b.passed) or ra > rb
+    return (not a.passed and b.passed) or _score(a) > _score(b)

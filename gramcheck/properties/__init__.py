@@ -15,7 +15,7 @@ Component properties of random features (kernel MSE, ORF) are plain functions in
 | v-scale-invariance        | v-scale-invariant                               | invariants.md                |
 | weight-range              | qknorm-softmax                                  | qknorm-weight-range.md       |
 | row-normalisation         | FAVOR+ positive / hyperbolic                    | row-normalisation.md         |
-| normaliser-margin         | relu / trig features (denominators can vanish)  | invariants.md                |
+| normaliser-margin (diag.) | relu / trig features (denominators can vanish)  | invariants.md                |
 | unnormalised-growth       | linear-unnormalised                             | unnormalised-growth.md       |
 | state-bound               | bounded-state (no GroupNorm)                    | gated-state-bound.md         |
 | gradcheck                 | every variant (float64, small inputs)           | jacobian-bounds.md           |
@@ -122,7 +122,8 @@ CATALOGUE: tuple[Property, ...] = (
         conditioning.margin,
         conditioning.vanishing_denominator,
         "invariants.md",
-        "no denominator vanishes or cancels: min den / (|phi(q)| . sum |phi(k)|) > 0",
+        "diagnostic of the variant: no denominator vanishes or cancels: min den / (|phi(q)| . sum |phi(k)|) > 0",
+        default=False,
     ),
     Property(
         "unnormalised-growth",

@@ -49,7 +49,6 @@ def guarded(name: str) -> Callable[[Callable[..., Finding | None]], Callable[...
             except TargetError as err:
                 return Finding(
                     name,
-                    False,
                     float("inf"),
                     1.0,
                     counterexample=ex.summary(),
@@ -76,22 +75,21 @@ def ratio_finding(
         r = np.where(err == 0, 0.0, err / bound)
     r = np.where(np.isnan(r), np.inf, r)
     measured = float(r.max()) if r.size else 0.0
-    passed = measured <= 1.0
     if r.size:
         worst = np.unravel_index(int(np.argmax(r)), r.shape)
         details.setdefault("worst_index", [int(i) for i in worst])
         details.setdefault("worst_error", float(err[worst]))
         details.setdefault("worst_bound", float(bound[worst]))
-    return Finding(
-        name,
-        bool(passed),
-        measured,
-        1.0,
-        rigour=rigour,
-        counterexample=None if passed else ex.summary(),
-        details=details,
-        arrays=None if passed else arrays_of(ex),
-    )
+    f = Finding(name, measured, 1.0, rigour=rigour, details=details)
+    return with_counterexample(f, ex)
+
+
+def with_counterexample(f: Finding, ex: AttentionInputs) -> Finding:
+    """``f`` with the input's summary and arrays attached when it fails (its verdict decides)."""
+    if not f.passed:
+        f.counterexample = {**ex.summary(), **(f.counterexample or {})}
+        f.arrays = arrays_of(ex)
+    return f
 
 
 def bound_of(

@@ -15,7 +15,7 @@ from ..findings import Finding
 from ..spectra import attention_matrix
 from ..strategies import AttentionInputs
 from ..targets import Target
-from .base import arrays_of, guarded, ratio_finding
+from .base import guarded, ratio_finding, with_counterexample
 from .invariants import _rng, _undefined
 
 POWER_ITERATIONS = 40
@@ -36,15 +36,7 @@ def _call64(target: Target, causal: bool, extras: dict[str, Any]) -> Callable[..
 
 
 def _verdict(name: str, passed: bool, ex: AttentionInputs, **details: Any) -> Finding:
-    return Finding(
-        name,
-        passed,
-        0.0 if passed else 1.0,
-        0.0,
-        counterexample=None if passed else ex.summary(),
-        details=details,
-        arrays=None if passed else arrays_of(ex),
-    )
+    return with_counterexample(Finding(name, 0.0 if passed else 1.0, 0.0, details=details), ex)
 
 
 @guarded("gradcheck")
@@ -80,15 +72,7 @@ def finite_gradients(target: Target, ex: AttentionInputs, *, causal: bool) -> Fi
     grads = torch.autograd.grad((o * w).sum(), (q, k, v), allow_unused=True)
     bad = {n: int((~torch.isfinite(g)).sum()) for n, g in zip("qkv", grads, strict=True) if g is not None}
     total = sum(bad.values())
-    return Finding(
-        "finite-gradients",
-        total == 0,
-        float(total),
-        0.0,
-        counterexample=None if total == 0 else ex.summary(),
-        details={"nonfinite_entries": bad},
-        arrays=None if total == 0 else arrays_of(ex),
-    )
+    return with_counterexample(Finding("finite-gradients", float(total), 0.0, details={"nonfinite_entries": bad}), ex)
 
 
 EXACT_JACOBIAN_SIZE = 512
