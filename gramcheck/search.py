@@ -72,7 +72,11 @@ class _Failed(Exception):
 def run_property(
     prop: Property, target: Target, *, causal: bool, domain: Domain = Domain(), profile_name: str = "ci", seed: int = 0
 ) -> Finding:
-    """The worst Finding of ``prop`` over the examples of ``domain``; a failure is shrunk first."""
+    """The worst Finding of ``prop`` over the examples of ``domain``; a failure is shrunk first. A property
+    that does not apply under the target's hyperparameters gives a skipped Finding with the reason."""
+    reason = prop.unless(target.variant, causal, dict(target.params)) if prop.unless is not None else None
+    if reason:
+        return Finding.skip(prop.name, reason, examples=0)
     # the domain's kinds, narrowed to the property's own (gradients: smooth kinds) where they overlap
     if domain.kinds is None:
         kinds = prop.kinds

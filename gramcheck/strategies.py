@@ -23,6 +23,10 @@ What each kind promises, recorded in ``AttentionInputs.meta`` and checked in tes
                       per-channel scales spanning up to 10^s (mixed scales).
 * ``overflow``        rows scaled to a norm R chosen so that exp(R^2 / sqrt(d)) overflows the dtype
                       (past log(max) of float16/float32): exp(w.x) and unstabilised exp(q.k) overflow.
+* ``large-magnitude`` entries of size 10..25 (meta: scale), with a random subset of q and k rows made
+                      all-negative: a mild-overflow regime inside every dtype's exponent range (|x| < 103,
+                      where exp(x) stays a float32 normal or subnormal) that reaches exp(x) - 1 + 1 = 0
+                      for x < -17 (``F.elu(x) + 1`` in float32) and unstabilised exponentials.
 * ``anti-aligned``    k_j = -c q_j + small noise: q.k very negative, softmax weights vanish and positive
                       random features have large relative error.
 * ``degenerate``      zero rows in q and k, and N = 1 or d = 1 drawn with high probability.
@@ -55,6 +59,7 @@ KINDS = (
     "outliers",
     "heavy-tail",
     "overflow",
+    "large-magnitude",
     "anti-aligned",
     "degenerate",
     "long",
@@ -248,6 +253,15 @@ def _qkv(draw: Any, kind: str, B: int, H: int, N: int, d: int, dv: int, dtype: s
         q, k = g(shape), g(shape)
         q, k = (x / np.linalg.norm(x, axis=-1, keepdims=True) * R for x in (q, k))
         meta.update(norm=R, excess=excess)
+        return q, k, g(vshape), meta
+    if kind == "large-magnitude":
+        scale = 10.0 ** draw(st.floats(1.0, 1.4))
+        q, k = g(shape) * scale, g(shape) * scale
+        for x in (q, k):
+            neg = rng.random(N) < draw(st.floats(0.0, 1.0))
+            x[:, :, neg] = -np.abs(x[:, :, neg])
+        q, k = (np.clip(x, -100.0, 100.0) for x in (q, k))
+        meta.update(scale=scale)
         return q, k, g(vshape), meta
     if kind == "anti-aligned":
         c = 10.0 ** draw(st.floats(0.0, 1.5))

@@ -176,6 +176,7 @@ CATALOGUE: tuple[Property, ...] = (
         kinds=gradients.GRADIENT_KINDS,
         max_n=8,
         max_d=4,
+        unless=gradients.depth_growth_unless,
     ),
     Property(
         "energy-share",
