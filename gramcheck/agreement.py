@@ -7,8 +7,8 @@ variant's definitional formula evaluated with unit roundoff u (ball arithmetic o
 gamma_n |A| |B|, radii propagate through the formula), and C = 2 allows one reassociation (recurrent
 or chunked order) of the same non-negative sums. The truth is computed to within 1% of the bound.
 
-No entry passes on a vacuous bound. An entry whose worst-case bound is not below the output magnitude of
-its (batch, head) slice (the bound cannot tell the output from zero: bfloat16 and float16 at moderate N,
+No entry passes on a vacuous bound. An entry whose worst-case bound is not below the magnitude of its
+(batch, head) slice, max(|truth|, |v|) (the bound cannot tell the output from zero: bfloat16 and float16 at moderate N,
 or n u >= 1, where gamma_n does not exist) is judged, in this order, by
 1. the probabilistic bound (``arith.ProbabilisticModel``, Higham & Mary 2019; proofs/
    probabilistic-rounding.md) where that one is below the magnitude: rigour ``probabilistic``, with the
@@ -92,22 +92,28 @@ def check_agreement(
     with np.errstate(all="ignore"):
         bound = rounding_bound(variant, q, k, v, causal=causal, dtype=dtype, **kwargs)
         approx = np.asarray(_variants.get(variant).reference(q, k, v, causal=causal, **kwargs), dtype=np.float64)
-    scale = _slice_scale(approx)
+    scale = np.maximum(
+        _slice_scale(approx), _slice_scale(np.broadcast_to(np.asarray(v, dtype=np.float64), approx.shape))
+    )
     vacuous_guess = ~(bound < 0.5 * scale)
     if vacuous_guess.any():
         pbound, probability = probabilistic_bound(variant, q, k, v, causal=causal, dtype=dtype, **kwargs)
     else:
         pbound, probability = np.full(bound.shape, np.inf), 1.0
     # the truth to 1% of the bound that judges each entry (u |o| / 100 where the low-precision rule may)
-    need = np.where(vacuous_guess, np.minimum(pbound, u * np.maximum(np.abs(approx), 2.0**-30 * scale)), bound)
-    need = np.where(np.isfinite(need), need, u * np.maximum(np.abs(approx), 2.0**-30 * scale))
+    fallback = u * np.maximum(np.where(np.isfinite(approx), np.abs(approx), 0.0), 2.0**-30 * scale)
+    need = np.where(vacuous_guess, np.minimum(pbound, fallback), bound)
+    need = np.where(np.isfinite(need), need, fallback)
+    need = np.where(np.isfinite(need), need, 0.0)
     t = truth(variant, q, k, v, causal=causal, digits=None, atol=np.maximum(0.01 * need, 1e-300), **kwargs)
     if out.shape != t.value.shape:
         return Finding(
             name, float("inf"), 1.0, details={"error": f"output shape {out.shape}, expected {t.value.shape}"}
         )
     defined = ~t.undefined
-    mag = _slice_scale(np.where(defined, t.value, 0.0))
+    # the magnitude a bound must stay below to say anything: the largest output of the slice, or the
+    # largest value where outputs cancel (|o| <= max|v| for normalised attention)
+    mag = np.maximum(_slice_scale(np.where(defined, t.value, 0.0)), _slice_scale(np.broadcast_to(v, out.shape)))
     err = np.abs(out - t.value) + t.bound  # worst case over the truth's own uncertainty
     err = np.where(np.isnan(err), np.inf, err)
     # 1. worst case, where the bound is below the magnitude of the outputs it bounds

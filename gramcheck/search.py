@@ -63,6 +63,9 @@ class Domain:
         }
 
 
+EXAMPLES_PER_UNDRAWN_KIND = 2
+
+
 class _Failed(Exception):
     def __init__(self, finding: Finding):
         super().__init__(finding.name)
@@ -82,51 +85,68 @@ def run_property(
         kinds = prop.kinds
     else:
         kinds = tuple(k for k in domain.kinds if k in prop.kinds) or tuple(domain.kinds)
-    strategy = attention_inputs(
-        target.variant,
-        dtype=target.dtype,
-        kinds=kinds,
-        max_n=max(domain.min_n, min(domain.max_n, prop.max_n or domain.max_n)),
-        max_d=max(domain.min_d, min(domain.max_d, prop.max_d or domain.max_d)),
-        min_n=domain.min_n,
-        min_d=domain.min_d,
-        max_b=domain.max_b,
-        max_h=domain.max_h,
-    )
+    def strategy(ks: tuple[str, ...]) -> Any:
+        return attention_inputs(
+            target.variant,
+            dtype=target.dtype,
+            kinds=ks,
+            max_n=max(domain.min_n, min(domain.max_n, prop.max_n or domain.max_n)),
+            max_d=max(domain.min_d, min(domain.max_d, prop.max_d or domain.max_d)),
+            min_n=domain.min_n,
+            min_d=domain.min_d,
+            max_b=domain.max_b,
+            max_h=domain.max_h,
+        )
+
     base = profile(profile_name)
-    cfg = settings(
-        base,
-        derandomize=False,
-        database=None,
-        max_examples=domain.examples or base.max_examples,
-        suppress_health_check=list(HealthCheck),
-        report_multiple_bugs=False,
-    )
+
+    def cfg(examples: int) -> settings:
+        return settings(
+            base,
+            derandomize=False,
+            database=None,
+            max_examples=examples,
+            suppress_health_check=list(HealthCheck),
+            report_multiple_bugs=False,
+        )
+
     worst: list[Finding] = []
     count = [0]
     timed_out: list[Finding] = []
+    drawn: set[str] = set()
 
-    @hseed(seed)
-    @cfg
-    @given(strategy)
-    def search(ex: Any) -> None:
-        # a hanging target is not called again: shrinking would wait out every call
-        f = timed_out[0] if timed_out else prop.fn(target, ex, causal=causal)
-        if f is None:
-            reject()
-        if f.failure == "timeout" and not timed_out:
-            f.details["examples"] = count[0] + 1  # the calls made; later ones replay this finding
-            timed_out.append(f)
-        count[0] += 1
-        score = _score(f)
-        htarget(score if math.isfinite(score) else 1e300, label=prop.name)
-        if not worst or _worse(f, worst[0]):
-            worst[:] = [f]
-        if not f.passed:
-            raise _Failed(f)  # one raise site: Hypothesis tells failures apart by where they are raised
+    def search(ks: tuple[str, ...], examples: int) -> None:
+        @hseed(seed)
+        @cfg(examples)
+        @given(strategy(ks))
+        def run(ex: Any) -> None:
+            # a hanging target is not called again: shrinking would wait out every call
+            f = timed_out[0] if timed_out else prop.fn(target, ex, causal=causal)
+            if f is None:
+                reject()
+            drawn.add(ex.kind)
+            if f.failure == "timeout" and not timed_out:
+                f.details["examples"] = count[0] + 1  # the calls made; later ones replay this finding
+                timed_out.append(f)
+            count[0] += 1
+            score = _score(f)
+            htarget(score if math.isfinite(score) else 1e300, label=prop.name)
+            if not worst or _worse(f, worst[0]):
+                worst[:] = [f]
+            if not f.passed:
+                raise _Failed(f)  # one raise site: Hypothesis tells failures apart by where they are raised
+
+        try:
+            run()
+        except Unsatisfiable:
+            pass  # no input of these kinds met the premise; the others may have
 
     try:
-        search()
+        search(kinds, domain.examples or base.max_examples)
+        # hypothesis.target steers the examples toward the kinds that scored high: every kind the search
+        # never drew gets examples of its own, so that no kind of the domain goes unchecked
+        for k in [k for k in kinds if k not in drawn]:
+            search((k,), EXAMPLES_PER_UNDRAWN_KIND)
     except _Failed as failed:
         f = timed_out[0] if timed_out else failed.finding
         f.details.setdefault("examples", count[0])
@@ -134,8 +154,6 @@ def run_property(
         return f
     except Flaky as exc:
         return Finding(prop.name, math.inf, 1.0, details={"failure": "nondeterministic", "error": str(exc)[:500]})
-    except Unsatisfiable:
-        return _no_examples(prop)
     except Exception as exc:  # noqa: BLE001 - an unexpected error is reported, never raised
         return Finding(
             prop.name,
@@ -147,6 +165,7 @@ def run_property(
         return _no_examples(prop)
     f = worst[0]
     f.details["examples"] = count[0]
+    f.details["kinds_drawn"] = [k for k in kinds if k in drawn]
     return f
 
 

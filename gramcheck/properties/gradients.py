@@ -45,7 +45,7 @@ def internal_precision(target: Target, ex: AttentionInputs, causal: bool) -> str
 
     kw = {**target.params, **ex.extras}
     with np.errstate(all="ignore"):
-        out = target(ex.q, ex.k, ex.v, causal=causal, dtype="float64")
+        out = target(ex.q, ex.k, ex.v, causal=causal, dtype="float64", **ex.extras)
         b64 = rounding_bound(target.variant, ex.q, ex.k, ex.v, causal=causal, dtype="float64", **kw)
         t = truth(target.variant, ex.q, ex.k, ex.v, causal=causal, digits=None, atol=0.01 * b64 + 1e-300, **kw)
         err = np.where(t.undefined, 0.0, np.abs(out - t.value) + t.bound)
