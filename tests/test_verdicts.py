@@ -232,3 +232,15 @@ def test_elu_features_underflowing_in_float32_are_uncertifiable_not_failures():
     nan_form = builtin("linear-elu")
     nan_form.fn = lambda q, k, v, *, causal: v * float("nan")
     assert not P.get("convex-hull").fn(nan_form, ex_ok, causal=True).passed
+
+
+def test_jacobian_norm_falls_back_for_a_custom_backward_vmap_cannot_batch():
+    import torch
+    from correct_lowprec import softmax_with_custom_backward
+    from torch.autograd.functional import jacobian
+
+    q = torch.randn(1, 1, 3, 2, dtype=torch.float64)
+    with pytest.raises(RuntimeError):
+        jacobian(lambda x: softmax_with_custom_backward(x, q, q, causal=False), q, vectorize=True)
+    r = check(softmax_with_custom_backward, "softmax", dtype="float64", properties=["jacobian-norm"])
+    assert r.passed, r.summary() + str(r.findings[0].details)
