@@ -143,10 +143,12 @@ def run_property(
 
     try:
         search(kinds, domain.examples or base.max_examples)
-        # hypothesis.target steers the examples toward the kinds that scored high: every kind the search
-        # never drew gets examples of its own, so that no kind of the domain goes unchecked
-        for k in [k for k in kinds if k not in drawn]:
-            search((k,), EXAMPLES_PER_UNDRAWN_KIND)
+        # hypothesis.target steers the examples toward the kinds that scored high: unless the domain fixes
+        # the number of examples, every kind the search never drew gets examples of its own, so that no
+        # kind of the domain goes unchecked
+        if domain.examples is None:
+            for k in [k for k in kinds if k not in drawn]:
+                search((k,), EXAMPLES_PER_UNDRAWN_KIND)
     except _Failed as failed:
         f = timed_out[0] if timed_out else failed.finding
         f.details.setdefault("examples", count[0])
