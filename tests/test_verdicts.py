@@ -113,7 +113,7 @@ def test_probabilistic_bound_holds_and_is_within_lambda_of_typical_errors():
 # --- no false alarms ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("fn,name", [(softmax_in_float32, "softmax"), (linear_elu_in_float32, "linear-elu")])
 def test_float32_internal_targets_pass_gradient_checks_and_say_so(fn, name):
-    r = check(fn, name, dtype="float64", properties=["gradcheck", "jacobian-norm"])
+    r = check(fn, name, dtype="float64", properties=["gradcheck", "jacobian-norm", "depth-growth"])
     assert r.passed, r.summary() + str([f.details for f in r.findings])
     assert r["gradcheck"].details["computes_in"] == "float32"
 

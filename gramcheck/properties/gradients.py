@@ -258,6 +258,7 @@ def depth_growth(target: Target, ex: AttentionInputs, *, causal: bool) -> Findin
     no_grad = _detached(target, replace(ex, k=x0, v=x0), causal, "depth-growth")
     if no_grad is not None:
         return no_grad
+    prec = internal_precision(target, replace(ex, k=x0, v=x0), causal)
     t = target.tensors({"x": x0}, dtype="float64")
     extras = target.tensors(ex.extras, dtype="float64")
     layer = _call64(target, causal, extras)
@@ -295,8 +296,9 @@ def depth_growth(target: Target, ex: AttentionInputs, *, causal: bool) -> Findin
             if not bool(torch.isfinite(xl).all()):
                 return None
     est = spectral_norm(stack, t["x"])
-    f = ratio_finding("depth-growth", np.array([est]), np.array([bound * (1 + 1e-7) + _slack(x0)]), ex)
-    f.details.update(estimate=est, bound=bound, depth=DEPTH, per_layer_growth=est ** (1 / DEPTH))
+    rel = JACOBIAN_SLACK[prec][0]
+    f = ratio_finding("depth-growth", np.array([est]), np.array([bound * (1 + rel) + _slack(x0, precision=prec)]), ex)
+    f.details.update(estimate=est, bound=bound, depth=DEPTH, per_layer_growth=est ** (1 / DEPTH), computes_in=prec)
     return f
 
 
