@@ -25,7 +25,7 @@ from typing import Any
 import mpmath
 import numpy as np
 
-from .precision import mp_precision
+from .precision import gamma, mp_precision
 
 Array = Any  # an ndarray (float64 or object of mpf) or a Ball
 
@@ -435,8 +435,8 @@ class BallArith(Arith):
 
     # reductions and products -------------------------------------------------------------------
     def _gammas(self, n: Any) -> Any:
-        nu = n * self.b.u
-        return nu / (1 - nu)
+        """gamma_n at this arithmetic's unit roundoff (precision.gamma: inf where n u >= 1)."""
+        return gamma(n, u=self.b.u)
 
     def sum(self, x: Ball, axis: int, keepdims: bool = False) -> Ball:
         n = np.shape(x.mid)[axis]
@@ -479,6 +479,52 @@ class _ModelBackend(_F64Backend):
 def rounding_model(dtype: Any) -> BallArith:
     """Ball arithmetic whose radii model rounding in ``dtype`` (unit roundoff u, underflow unit eta)."""
     return BallArith(_ModelBackend(dtype))
+
+
+PROBABILISTIC_LAMBDA = 8.0
+
+
+class ProbabilisticModel(BallArith):
+    """The rounding model of ``dtype`` with every accumulation of n roundings (sums, cumulative sums,
+    inner products) charged gamma~_n(lambda) = exp(lambda sqrt(n) u + n u^2 / (1 - u)) - 1 instead of
+    gamma_n (Higham & Mary 2019, Theorem 2.4): each such bound holds with probability at least
+    1 - 2 exp(-lambda^2 (1 - u)^2 / 2) per product of rounding factors when rounding errors are
+    independent with mean zero. Elementwise operations keep their deterministic u |y| (one rounding).
+    ``products`` counts the products of rounding factors bounded so far (one per term of every
+    accumulation), so that ``failure_probability`` is the union bound for the whole evaluation
+    (proofs/probabilistic-rounding.md)."""
+
+    def __init__(self, dtype: Any, lam: float = PROBABILISTIC_LAMBDA):
+        super().__init__(_ModelBackend(dtype))
+        self.lam = float(lam)
+        self.name = f"probabilistic-{self.b.name.removeprefix('model-')}"
+        self.products = 0
+
+    def _gammas(self, n: Any) -> Any:
+        u = self.b.u
+        nn = np.asarray(n, dtype=np.float64)
+        return np.expm1(self.lam * np.sqrt(nn) * u + nn * u * u / (1 - u))
+
+    def failure_probability(self) -> float:
+        """Union bound: P(some bounded product exceeds its bound) <= products * 2 exp(-lambda^2 (1-u)^2 / 2)."""
+        u = self.b.u
+        return min(1.0, self.products * 2.0 * math.exp(-(self.lam**2) * (1 - u) ** 2 / 2))
+
+    def sum(self, x: Ball, axis: int, keepdims: bool = False) -> Ball:
+        self.products += int(np.prod(np.shape(x.mid)))  # one per term, each in one output
+        return super().sum(x, axis, keepdims)
+
+    def cumsum(self, x: Ball, axis: int) -> Ball:
+        n = np.shape(x.mid)[axis]
+        self.products += int(np.prod(np.shape(x.mid))) * (n + 1) // 2  # term j enters n - j partial sums
+        return super().cumsum(x, axis)
+
+    def matmul(self, a: Any, b: Any) -> Ball:
+        a, b = self._lift(a), self._lift(b)
+        n = np.shape(a.mid)[-1]
+        rows = int(np.prod(np.shape(a.mid)[:-1])) * int(np.shape(b.mid)[-1])
+        self.products += rows * n
+        return super().matmul(a, b)
 
 
 F64 = Arith(_F64Backend())

@@ -15,6 +15,18 @@ from .featuremaps import FAVOR_KINDS
 from .validation import check_choice
 
 
+def _finite(name: str, x: Any) -> np.ndarray:
+    """x as a float64 array; ValueError naming ``name`` when an entry is NaN or infinite."""
+    arr = np.asarray(x, dtype=np.float64)
+    bad = ~np.isfinite(arr)
+    if bad.any():
+        raise ValueError(
+            f"{name}: got {int(bad.sum())} non-finite entries (first {arr[bad].ravel()[0]!r}) in an array of "
+            f"shape {arr.shape}; expected finite real numbers"
+        )
+    return arr
+
+
 def _sq(x: Any) -> np.ndarray:
     x = np.asarray(x, dtype=np.float64)
     return np.sum(x * x, axis=-1)
@@ -34,10 +46,10 @@ def favor_mse(x: Any, y: Any, m: int, kind: str = "positive") -> np.ndarray:
     trig:       (1/(2m)) exp(|x|^2 + |y|^2) (1 - exp(-|x-y|^2))^2
     """
     check_choice("kind", kind, FAVOR_KINDS)
-    if m < 1:
-        raise ValueError(f"m: got {m}; expected a positive number of random features")
-    x = np.asarray(x, dtype=np.float64)
-    y = np.asarray(y, dtype=np.float64)
+    if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 1:
+        raise ValueError(f"m: got {m!r}; expected a positive integer number of random features")
+    x = _finite("x", x)
+    y = _finite("y", y)
     z2 = _sq(x + y)
     if kind == "trig":
         return np.exp(_sq(x) + _sq(y)) * (-np.expm1(-_sq(x - y))) ** 2 / (2 * m)
@@ -60,7 +72,7 @@ def row_normalisation_l1(eps: float | np.ndarray, *, tight: bool = False) -> np.
     move by at most 2 eps / (1 - eps) in L1, or by the sharp
     2 eps / (1 + sqrt(1 - eps^2)) (attained; proofs/row-normalisation.md)."""
     e = np.asarray(eps, dtype=np.float64)
-    if np.any(e < 0) or np.any(e >= 1):
+    if np.any(np.isnan(e)) or np.any(e < 0) or np.any(e >= 1):
         raise ValueError(f"eps: got {eps!r}; expected 0 <= eps < 1")
     return 2 * e / (1 + np.sqrt(1 - e * e)) if tight else 2 * e / (1 - e)
 
@@ -86,7 +98,12 @@ def row_normalisation_output(l1: Any, v: Any, *, causal: bool = False) -> np.nda
 
 def qknorm_weight_range(n: int, tau: float) -> tuple[float, float]:
     """Sharp range of a softmax weight over n keys with logits in [-tau, tau]:
-    [1 / (1 + (n-1) e^{2 tau}), 1 / (1 + (n-1) e^{-2 tau})] (proofs/qknorm-weight-range.md)."""
+    [1 / (1 + (n-1) e^{2 tau}), 1 / (1 + (n-1) e^{-2 tau})] (proofs/qknorm-weight-range.md).
+    n >= 1 keys (with n = 1 the one weight is 1) and a finite tau >= 0; anything else is a ValueError."""
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"n: got {n!r}; expected an integer number of keys >= 1")
+    if not (isinstance(tau, (int, float, np.floating)) and math.isfinite(tau) and tau >= 0):
+        raise ValueError(f"tau: got {tau!r}; expected a finite logit bound tau >= 0")
     return 1.0 / (1.0 + (n - 1) * math.exp(2 * tau)), 1.0 / (1.0 + (n - 1) * math.exp(-2 * tau))
 
 

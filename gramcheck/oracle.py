@@ -70,6 +70,10 @@ def truth(
     var = _variants.get(variant)
     if digits is None and atol is None:
         raise ValueError("digits: got None with atol None; expected an accuracy request")
+    if digits is not None and (isinstance(digits, bool) or not math.isfinite(float(digits)) or digits <= 0):
+        raise ValueError(f"digits: got {digits!r}; expected a positive finite number of decimal digits or None")
+    if atol is not None and np.any(np.isnan(np.asarray(atol, dtype=np.float64))):
+        raise ValueError("atol: got NaN entries; expected non-negative tolerances")
     tried: list[str] = []
 
     ball = var.reference(q, k, v, causal=causal, arith=BALL_F64, **kwargs)

@@ -69,16 +69,23 @@ def unit_roundoff(dtype: Any) -> float:
     return math.ldexp(1.0, -significand_bits(dtype))
 
 
-def gamma(n: int | float, dtype: Any = "float64", *, u: float | None = None) -> float:
+def gamma(n: Any, dtype: Any = "float64", *, u: Any = None) -> Any:
     """gamma_n = n u / (1 - n u) (Higham, Lemma 3.1). Returns inf when n u >= 1, where no bound of
-    this form exists. ``u`` overrides the dtype's unit roundoff (e.g. 2^-prec for mpmath)."""
-    if n < 0:
-        raise ValueError(f"n: got {n}; expected n >= 0")
+    this form exists. ``u`` overrides the dtype's unit roundoff (e.g. 2^-prec for mpmath, an mpf).
+    ``n`` may be an array (elementwise; float64 or object array of mpf, following ``u``). The one
+    definition of gamma_n: the rounding models of ``arith`` use it too."""
     uu = unit_roundoff(dtype) if u is None else u
-    nu = n * uu
-    if nu >= 1.0:
-        return math.inf
-    return nu / (1.0 - nu)
+    if np.ndim(n) == 0:
+        if n != n or n < 0:
+            raise ValueError(f"n: got {n}; expected n >= 0")
+        nu = n * uu
+        return math.inf if nu >= 1 else nu / (1 - nu)
+    arr = np.asarray(n)
+    if np.any(arr < 0):
+        raise ValueError(f"n: got an array with minimum {arr.min()}; expected every n >= 0")
+    nu = arr * uu
+    ok = np.asarray(nu < 1, dtype=bool)
+    return np.where(ok, nu / np.where(ok, 1 - nu, 1), math.inf)
 
 
 # (exponent of the smallest subnormal, largest finite value) per format

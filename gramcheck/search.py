@@ -63,6 +63,9 @@ class Domain:
         }
 
 
+EXAMPLES_PER_UNDRAWN_KIND = 2
+
+
 class _Failed(Exception):
     def __init__(self, finding: Finding):
         super().__init__(finding.name)
@@ -72,72 +75,90 @@ class _Failed(Exception):
 def run_property(
     prop: Property, target: Target, *, causal: bool, domain: Domain = Domain(), profile_name: str = "ci", seed: int = 0
 ) -> Finding:
-    """The worst Finding of ``prop`` over the examples of ``domain``; a failure is shrunk first."""
+    """The worst Finding of ``prop`` over the examples of ``domain``; a failure is shrunk first. A property
+    that does not apply under the target's hyperparameters gives a skipped Finding with the reason."""
+    reason = prop.unless(target.variant, causal, dict(target.params)) if prop.unless is not None else None
+    if reason:
+        return Finding.skip(prop.name, reason, examples=0)
     # the domain's kinds, narrowed to the property's own (gradients: smooth kinds) where they overlap
     if domain.kinds is None:
         kinds = prop.kinds
     else:
         kinds = tuple(k for k in domain.kinds if k in prop.kinds) or tuple(domain.kinds)
-    strategy = attention_inputs(
-        target.variant,
-        dtype=target.dtype,
-        kinds=kinds,
-        max_n=max(domain.min_n, min(domain.max_n, prop.max_n or domain.max_n)),
-        max_d=max(domain.min_d, min(domain.max_d, prop.max_d or domain.max_d)),
-        min_n=domain.min_n,
-        min_d=domain.min_d,
-        max_b=domain.max_b,
-        max_h=domain.max_h,
-    )
+    def strategy(ks: tuple[str, ...]) -> Any:
+        return attention_inputs(
+            target.variant,
+            dtype=target.dtype,
+            kinds=ks,
+            max_n=max(domain.min_n, min(domain.max_n, prop.max_n or domain.max_n)),
+            max_d=max(domain.min_d, min(domain.max_d, prop.max_d or domain.max_d)),
+            min_n=domain.min_n,
+            min_d=domain.min_d,
+            max_b=domain.max_b,
+            max_h=domain.max_h,
+        )
+
     base = profile(profile_name)
-    cfg = settings(
-        base,
-        derandomize=False,
-        database=None,
-        max_examples=domain.examples or base.max_examples,
-        suppress_health_check=list(HealthCheck),
-        report_multiple_bugs=False,
-    )
+
+    def cfg(examples: int) -> settings:
+        return settings(
+            base,
+            derandomize=False,
+            database=None,
+            max_examples=examples,
+            suppress_health_check=list(HealthCheck),
+            report_multiple_bugs=False,
+        )
+
     worst: list[Finding] = []
     count = [0]
     timed_out: list[Finding] = []
+    drawn: set[str] = set()
 
-    @hseed(seed)
-    @cfg
-    @given(strategy)
-    def search(ex: Any) -> None:
-        # a hanging target is not called again: shrinking would wait out every call
-        f = timed_out[0] if timed_out else prop.fn(target, ex, causal=causal)
-        if f is None:
-            reject()
-        if f.failure == "timeout" and not timed_out:
-            f.details["examples"] = count[0] + 1  # the calls made; later ones replay this finding
-            timed_out.append(f)
-        count[0] += 1
-        score = f.measured / f.bound if f.bound > 0 else f.measured
-        htarget(score if math.isfinite(score) else 1e300, label=prop.name)
-        if not worst or _worse(f, worst[0]):
-            worst[:] = [f]
-        if not f.passed:
-            raise _Failed(f)  # one raise site: Hypothesis tells failures apart by where they are raised
+    def search(ks: tuple[str, ...], examples: int) -> None:
+        @hseed(seed)
+        @cfg(examples)
+        @given(strategy(ks))
+        def run(ex: Any) -> None:
+            # a hanging target is not called again: shrinking would wait out every call
+            f = timed_out[0] if timed_out else prop.fn(target, ex, causal=causal)
+            if f is None:
+                reject()
+            drawn.add(ex.kind)
+            if f.failure == "timeout" and not timed_out:
+                f.details["examples"] = count[0] + 1  # the calls made; later ones replay this finding
+                timed_out.append(f)
+            count[0] += 1
+            score = _score(f)
+            htarget(score if math.isfinite(score) else 1e300, label=prop.name)
+            if not worst or _worse(f, worst[0]):
+                worst[:] = [f]
+            if not f.passed:
+                raise _Failed(f)  # one raise site: Hypothesis tells failures apart by where they are raised
+
+        try:
+            run()
+        except Unsatisfiable:
+            pass  # no input of these kinds met the premise; the others may have
 
     try:
-        search()
+        search(kinds, domain.examples or base.max_examples)
+        # hypothesis.target steers the examples toward the kinds that scored high: unless the domain fixes
+        # the number of examples, every kind the search never drew gets examples of its own, so that no
+        # kind of the domain goes unchecked
+        if domain.examples is None:
+            for k in [k for k in kinds if k not in drawn]:
+                search((k,), EXAMPLES_PER_UNDRAWN_KIND)
     except _Failed as failed:
         f = timed_out[0] if timed_out else failed.finding
         f.details.setdefault("examples", count[0])
         f.details["shrunk"] = True
         return f
     except Flaky as exc:
-        return Finding(
-            prop.name, False, math.inf, 1.0, details={"failure": "nondeterministic", "error": str(exc)[:500]}
-        )
-    except Unsatisfiable:
-        return _no_examples(prop)
+        return Finding(prop.name, math.inf, 1.0, details={"failure": "nondeterministic", "error": str(exc)[:500]})
     except Exception as exc:  # noqa: BLE001 - an unexpected error is reported, never raised
         return Finding(
             prop.name,
-            False,
             math.inf,
             1.0,
             details={"failure": "internal-error", "error": f"{type(exc).__name__}: {str(exc)[:500]}"},
@@ -146,14 +167,21 @@ def run_property(
         return _no_examples(prop)
     f = worst[0]
     f.details["examples"] = count[0]
+    f.details["kinds_drawn"] = [k for k in kinds if k in drawn]
     return f
 
 
 def _no_examples(prop: Property) -> Finding:
-    return Finding(prop.name, True, 0.0, 1.0, details={"examples": 0, "note": "no input in the domain met the premise"})
+    reason = "no input in the domain met the premise"
+    return Finding.skip(prop.name, reason, examples=0, note=reason)
+
+
+def _score(f: Finding) -> float:
+    """How close to failing: 1 / margin (the ratio measured / bound of an upper bound; inf on failure
+    without a ratio), so that every sense climbs the same way."""
+    m = f.margin
+    return 0.0 if m == math.inf else (math.inf if m == 0 or m != m else 1.0 / m)
 
 
 def _worse(a: Finding, b: Finding) -> bool:
-    ra = a.measured / a.bound if a.bound > 0 else a.measured
-    rb = b.measured / b.bound if b.bound > 0 else b.measured
-    return (not a.passed and b.passed) or ra > rb
+    return (not a.passed and b.passed) or _score(a) > _score(b)

@@ -237,6 +237,9 @@ def normaliser_margin(fq: Any, fk: Any, *, causal: bool = False) -> dict[str, fl
     denominator), and ``range`` = min_i |den_i| / max_i |den_i|. fq, fk: (..., N, m)."""
     fq = np.asarray(fq, dtype=np.float64)
     fk = np.asarray(fk, dtype=np.float64)
+    for name, x in (("fq", fq), ("fk", fk)):
+        if not np.all(np.isfinite(x)):
+            raise ValueError(f"{name}: got non-finite entries in an array of shape {x.shape}; expected finite features")
     z = np.cumsum(fk, axis=-2) if causal else np.sum(fk, axis=-2, keepdims=True)
     za = np.cumsum(np.abs(fk), axis=-2) if causal else np.sum(np.abs(fk), axis=-2, keepdims=True)
     den = np.sum(fq * z, axis=-1)

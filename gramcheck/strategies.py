@@ -23,6 +23,10 @@ What each kind promises, recorded in ``AttentionInputs.meta`` and checked in tes
                       per-channel scales spanning up to 10^s (mixed scales).
 * ``overflow``        rows scaled to a norm R chosen so that exp(R^2 / sqrt(d)) overflows the dtype
                       (past log(max) of float16/float32): exp(w.x) and unstabilised exp(q.k) overflow.
+* ``large-magnitude`` entries of size 18..25 (meta: scale), with a random subset of q and k rows made
+                      all-negative (every entry below -scale): a mild-overflow regime inside float32's
+                      exponent range (|x| <= 60, where exp(x) stays a float32 normal) that reaches exp(x) - 1 + 1 = 0
+                      for x < -17 (``F.elu(x) + 1`` in float32) and unstabilised exponentials.
 * ``anti-aligned``    k_j = -c q_j + small noise: q.k very negative, softmax weights vanish and positive
                       random features have large relative error.
 * ``degenerate``      zero rows in q and k, and N = 1 or d = 1 drawn with high probability.
@@ -55,6 +59,7 @@ KINDS = (
     "outliers",
     "heavy-tail",
     "overflow",
+    "large-magnitude",
     "anti-aligned",
     "degenerate",
     "long",
@@ -215,6 +220,15 @@ def _qkv(draw: Any, kind: str, B: int, H: int, N: int, d: int, dv: int, dtype: s
         q, k = g(shape), g(shape)
         q, k = (x / np.linalg.norm(x, axis=-1, keepdims=True) * R for x in (q, k))
         meta.update(norm=R, excess=excess)
+        return q, k, g(vshape), meta
+    if kind == "large-magnitude":
+        scale = 10.0 ** draw(st.floats(1.25, 1.4))
+        q, k = g(shape) * scale, g(shape) * scale
+        for x in (q, k):
+            neg = rng.random(N) < draw(st.floats(0.0, 1.0))
+            x[:, :, neg] = -(1.0 + np.abs(x[:, :, neg]))  # every entry of these rows below -scale < -17
+        q, k = (np.clip(x, -60.0, 60.0) for x in (q, k))
+        meta.update(scale=scale)
         return q, k, g(vshape), meta
     if kind == "anti-aligned":
         c = 10.0 ** draw(st.floats(0.0, 1.5))

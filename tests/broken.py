@@ -120,3 +120,31 @@ def hangs_forever(q, k, v, *, causal):
 
     while True:
         time.sleep(0.5)
+
+
+def softmax_plus_one(q, k, v, *, causal):
+    """softmax(QK^T / sqrt(d)) V + 1: in bfloat16 the worst-case rounding bound exceeds the output itself."""
+    return V.get("softmax").torch(q, k, v, causal=causal) + 1.0
+
+
+def softmax_off_three_percent(q, k, v, *, causal):
+    """Every output 3% too large: within the worst-case bfloat16 bound, far beyond its typical error."""
+    return V.get("softmax").torch(q, k, v, causal=causal) * 1.03
+
+
+def softmax_detached(q, k, v, *, causal):
+    """Right values, no gradient at all: the output is detached from autograd."""
+    return V.get("softmax").torch(q, k, v, causal=causal).detach()
+
+
+def linear_elu_with_eps_idiom(q, k, v, *, causal):
+    """The common ``den + 1e-6`` idiom: correct when run with params eps=1e-6."""
+    phi = elementwise("elu1")
+    return torch_normalised(phi(TORCH, q), phi(TORCH, k), v, causal=causal, form="chunked", chunk_size=4, eps=1e-6)
+
+
+def linear_elu_plus_one_feature(q, k, v, *, causal):
+    """phi(x) = elu(x) + 1 written with F.elu: exp(x) - 1 + 1 is exactly 0 in float32 for x < -17, so a
+    row of strongly negative queries or keys gives 0/0 (the definition's elu1 keeps exp(x) > 0)."""
+    fq, fk = torch.nn.functional.elu(q) + 1, torch.nn.functional.elu(k) + 1
+    return torch_normalised(fq, fk, v, causal=causal, form="recurrent", chunk_size=1)

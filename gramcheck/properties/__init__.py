@@ -16,7 +16,7 @@ Component properties of random features (kernel MSE, ORF) are plain functions in
 | v-scale-invariance        | v-scale-invariant                               | invariants.md                |
 | weight-range              | weight-range (QK-norm softmax)                  | qknorm-weight-range.md       |
 | row-normalisation         | row-normalisation (FAVOR+ positive, hyperbolic) | row-normalisation.md         |
-| normaliser-margin         | vanishing-denominator (relu, trig features)     | invariants.md                |
+| normaliser-margin (diag.) | vanishing-denominator (relu, trig features)     | invariants.md                |
 | unnormalised-growth       | unnormalised-growth                             | unnormalised-growth.md       |
 | state-bound               | bounded-state (decay_bound)                     | gated-state-bound.md         |
 | gradcheck                 | every variant (float64, small inputs)           | jacobian-bounds.md           |
@@ -123,7 +123,8 @@ CATALOGUE: tuple[Property, ...] = (
         conditioning.margin,
         declares("vanishing-denominator"),
         "invariants.md",
-        "no denominator vanishes or cancels: min den / (|phi(q)| . sum |phi(k)|) > 0",
+        "diagnostic of the variant: no denominator vanishes or cancels: min den / (|phi(q)| . sum |phi(k)|) > 0",
+        default=False,
     ),
     Property(
         "unnormalised-growth",
@@ -170,12 +171,13 @@ CATALOGUE: tuple[Property, ...] = (
     Property(
         "depth-growth",
         gradients.depth_growth,
-        declares("jacobian-qk", absent=("gated",)),
+        lambda v, c, p: "jacobian-qk" in v.tags() and "gated" not in v.tags(p),
         "jacobian-bounds.md",
         "4 residual layers: ||dx_L/dx_0|| <= prod (1 + b_Q + b_K + b_V)",
         kinds=gradients.GRADIENT_KINDS,
         max_n=8,
         max_d=4,
+        unless=gradients.depth_growth_unless,
     ),
     Property(
         "energy-share",

@@ -13,7 +13,7 @@ from ..oracle import truth
 from ..precision import unit_roundoff
 from ..strategies import AttentionInputs
 from ..targets import Target
-from .base import arrays_of, guarded
+from .base import guarded, with_counterexample
 
 LOW_PRECISION_K = 2.0  # FlashAttention's tests: error(target) <= 2 * error(plain reference, same dtype)
 LOW_PRECISION_FLOOR_ULPS = 4.0  # the output's own last roundings (numerator, denominator, quotient): 3u|o|
@@ -36,10 +36,7 @@ def agreement(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding |
         **target.params,
         **ex.extras,
     )
-    if not f.passed:
-        f.counterexample = {**ex.summary(), **(f.counterexample or {})}
-        f.arrays = arrays_of(ex)
-    return f
+    return with_counterexample(f, ex)
 
 
 def naive_reference(target: Target, ex: AttentionInputs, *, causal: bool) -> np.ndarray:
@@ -76,13 +73,4 @@ def low_precision(target: Target, ex: AttentionInputs, *, causal: bool) -> Findi
         measured = 0.0
     else:
         measured = float(err_t / bound) if bound > 0 else (0.0 if err_t == 0 else float("inf"))
-    passed = measured <= 1.0
-    return Finding(
-        "low-precision",
-        bool(passed),
-        float(measured),
-        1.0,
-        counterexample=None if passed else ex.summary(),
-        details=details,
-        arrays=None if passed else arrays_of(ex),
-    )
+    return with_counterexample(Finding("low-precision", float(measured), 1.0, details=details), ex)

@@ -36,6 +36,8 @@ class Property:
     max_n: int | None = None  # a cap on N for expensive properties (gradients)
     max_d: int | None = None
     default: bool = True  # in the default set of ``check`` (diagnostics are opt-in)
+    # applies to the variant, but not under these hyperparameters: the reason (listed as skipped) or None
+    unless: Callable[[Variant, bool, dict[str, Any]], str | None] | None = None
 
 
 def guarded(name: str) -> Callable[[Callable[..., Finding | None]], Callable[..., Finding | None]]:
@@ -49,7 +51,6 @@ def guarded(name: str) -> Callable[[Callable[..., Finding | None]], Callable[...
             except TargetError as err:
                 return Finding(
                     name,
-                    False,
                     float("inf"),
                     1.0,
                     counterexample=ex.summary(),
@@ -75,23 +76,28 @@ def ratio_finding(
     with np.errstate(divide="ignore", invalid="ignore"):
         r = np.where(err == 0, 0.0, err / bound)
     r = np.where(np.isnan(r), np.inf, r)
+    # an infinite bound (the rounding model says the definition cannot be computed in this dtype there:
+    # features underflowing to 0/0) judges nothing: such entries are counted, as agreement counts them
+    uncertifiable = np.isinf(bound) & (bound > 0)
+    if uncertifiable.any():
+        r = np.where(uncertifiable, 0.0, r)
+        details.setdefault("uncertifiable_entries", int(uncertifiable.sum()))
     measured = float(r.max()) if r.size else 0.0
-    passed = measured <= 1.0
     if r.size:
         worst = np.unravel_index(int(np.argmax(r)), r.shape)
         details.setdefault("worst_index", [int(i) for i in worst])
         details.setdefault("worst_error", float(err[worst]))
         details.setdefault("worst_bound", float(bound[worst]))
-    return Finding(
-        name,
-        bool(passed),
-        measured,
-        1.0,
-        rigour=rigour,
-        counterexample=None if passed else ex.summary(),
-        details=details,
-        arrays=None if passed else arrays_of(ex),
-    )
+    f = Finding(name, measured, 1.0, rigour=rigour, details=details)
+    return with_counterexample(f, ex)
+
+
+def with_counterexample(f: Finding, ex: AttentionInputs) -> Finding:
+    """``f`` with the input's summary and arrays attached when it fails (its verdict decides)."""
+    if not f.passed:
+        f.counterexample = {**ex.summary(), **(f.counterexample or {})}
+        f.arrays = arrays_of(ex)
+    return f
 
 
 def bound_of(

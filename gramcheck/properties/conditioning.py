@@ -11,7 +11,7 @@ from ..precision import gamma
 from ..spectra import gram_spectra, normaliser_margin
 from ..strategies import AttentionInputs
 from ..targets import Target
-from .base import arrays_of, guarded, ratio_finding
+from .base import guarded, ratio_finding, with_counterexample
 
 ENERGY_SHARE_THRESHOLD = 0.99
 
@@ -24,16 +24,8 @@ def energy_share(
     value holds more than ``threshold`` of the energy sum s_i^2, i.e. attention close to rank one."""
     sps = gram_spectra(target.variant, ex.q, ex.k, causal=causal, **target.params, **ex.extras)
     worst = max(sps, key=lambda s: s.energy_share)
-    passed = worst.energy_share <= threshold
-    return Finding(
-        "energy-share",
-        bool(passed),
-        float(worst.energy_share),
-        threshold,
-        counterexample=None if passed else ex.summary(),
-        details={"spectrum": worst.to_dict()},
-        arrays=None if passed else arrays_of(ex),
-    )
+    f = Finding("energy-share", float(worst.energy_share), threshold, details={"spectrum": worst.to_dict()})
+    return with_counterexample(f, ex)
 
 
 @guarded("normaliser-margin")
@@ -46,17 +38,8 @@ def margin(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding | No
     if not (np.all(np.isfinite(fq)) and np.all(np.isfinite(fk))):
         return None  # unstabilised features overflow float64: outside this diagnostic's domain
     mg = normaliser_margin(fq, fk, causal=causal)
-    passed = mg["margin"] > 0
-    return Finding(
-        "normaliser-margin",
-        bool(passed),
-        float(-mg["margin"]),  # measured <= bound 0 passes
-        0.0,
-        rigour="sampled",
-        counterexample=None if passed else ex.summary(),
-        details=mg,
-        arrays=None if passed else arrays_of(ex),
-    )
+    # measured > 0 passes; a 0/0 row has margin 0 (or -0.0) and fails with margin 0, never inf
+    return with_counterexample(Finding("normaliser-margin", float(mg["margin"]), 0.0, sense=">", details=mg), ex)
 
 
 @guarded("unnormalised-growth")

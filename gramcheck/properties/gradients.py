@@ -13,7 +13,7 @@ import numpy as np
 from ..findings import Finding
 from ..strategies import AttentionInputs
 from ..targets import Target
-from .base import arrays_of, guarded, ratio_finding
+from .base import guarded, ratio_finding, with_counterexample
 from .invariants import _rng, _undefined
 
 POWER_ITERATIONS = 40
@@ -33,16 +33,37 @@ def _call64(target: Target, causal: bool, extras: dict[str, Any]) -> Callable[..
     return f
 
 
+def internal_precision(target: Target, ex: AttentionInputs, causal: bool) -> str:
+    """The precision the target computes in when called in float64: float64 when its float64 output
+    agrees with the truth within the float64 rounding bound, float32 when only within the float32 bound
+    (a float32 computation inside, as fla's naive references do), else float64 (its error is then
+    the agreement property's finding, not the gradients' one)."""
+    from ..agreement import rounding_bound
+    from ..oracle import truth
+
+    kw = {**target.params, **ex.extras}
+    with np.errstate(all="ignore"):
+        out = target(ex.q, ex.k, ex.v, causal=causal, dtype="float64", **ex.extras)
+        b64 = rounding_bound(target.variant, ex.q, ex.k, ex.v, causal=causal, dtype="float64", **kw)
+        t = truth(target.variant, ex.q, ex.k, ex.v, causal=causal, digits=None, atol=0.01 * b64 + 1e-300, **kw)
+        err = np.where(t.undefined, 0.0, np.abs(out - t.value) + t.bound)
+        if bool(np.all(err <= b64)):
+            return "float64"
+        b32 = rounding_bound(target.variant, ex.q, ex.k, ex.v, causal=causal, dtype="float32", **kw)
+    return "float32" if bool(np.all(err <= b32)) else "float64"
+
+
+# gradcheck tolerances per internal precision: central differences of a function computed with unit
+# roundoff u have error ~ c u |f| / eps + eps^2 |f^(3)| / 6 (proofs/jacobian-bounds.md)
+GRADCHECK_TOLERANCES = {
+    "float64": {"eps": 1e-6, "atol": 1e-5, "rtol": 1e-3},
+    "float32": {"eps": 1e-3, "atol": 5e-3, "rtol": 5e-3},
+}
+JACOBIAN_SLACK = {"float64": (1e-7, 1e-9), "float32": (1e-4, 1e-4)}  # (relative, absolute per (1 + max|x|^2))
+
+
 def _verdict(name: str, passed: bool, ex: AttentionInputs, **details: Any) -> Finding:
-    return Finding(
-        name,
-        passed,
-        0.0 if passed else 1.0,
-        0.0,
-        counterexample=None if passed else ex.summary(),
-        details=details,
-        arrays=None if passed else arrays_of(ex),
-    )
+    return with_counterexample(Finding(name, 0.0 if passed else 1.0, 0.0, details=details), ex)
 
 
 @guarded("gradcheck")
@@ -53,13 +74,20 @@ def gradcheck(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding |
 
     if _undefined(target, ex, causal):
         return None
+    no_grad = _detached(target, ex, causal, "gradcheck")
+    if no_grad is not None:
+        return no_grad
     t = target.tensors({"q": ex.q, "k": ex.k, "v": ex.v, **ex.extras}, requires_grad=True, dtype="float64")
     q, k, v = t.pop("q"), t.pop("k"), t.pop("v")
+    prec = internal_precision(target, ex, causal)
+    info = {"computes_in": prec}
+    if prec != "float64":
+        info["note"] = f"computes in {prec} internally: judged with {prec} tolerances"
     try:
-        ok = torch.autograd.gradcheck(_call64(target, causal, t), (q, k, v), eps=1e-6, atol=1e-5, rtol=1e-3)
-        return _verdict("gradcheck", bool(ok), ex)
+        ok = torch.autograd.gradcheck(_call64(target, causal, t), (q, k, v), **GRADCHECK_TOLERANCES[prec])
+        return _verdict("gradcheck", bool(ok), ex, **info)
     except GradcheckError as err:
-        return _verdict("gradcheck", False, ex, error=str(err).splitlines()[0][:300])
+        return _verdict("gradcheck", False, ex, error=str(err).splitlines()[0][:300], **info)
 
 
 @guarded("finite-gradients")
@@ -78,15 +106,7 @@ def finite_gradients(target: Target, ex: AttentionInputs, *, causal: bool) -> Fi
     grads = torch.autograd.grad((o * w).sum(), (q, k, v), allow_unused=True)
     bad = {n: int((~torch.isfinite(g)).sum()) for n, g in zip("qkv", grads, strict=True) if g is not None}
     total = sum(bad.values())
-    return Finding(
-        "finite-gradients",
-        total == 0,
-        float(total),
-        0.0,
-        counterexample=None if total == 0 else ex.summary(),
-        details={"nonfinite_entries": bad},
-        arrays=None if total == 0 else arrays_of(ex),
-    )
+    return with_counterexample(Finding("finite-gradients", float(total), 0.0, details={"nonfinite_entries": bad}), ex)
 
 
 EXACT_JACOBIAN_SIZE = 512
@@ -100,7 +120,10 @@ def spectral_norm(f: Callable[[Any], Any], x: Any, *, iterations: int = POWER_IT
     from torch.autograd.functional import jacobian, jvp, vjp
 
     if x.numel() <= EXACT_JACOBIAN_SIZE:
-        jac = jacobian(f, x, vectorize=True)
+        try:
+            jac = jacobian(f, x, vectorize=True)
+        except RuntimeError:  # a custom backward (autograd.Function) that vmap cannot batch
+            jac = jacobian(f, x, vectorize=False)
         mat = jac.reshape(-1, x.numel()).detach().cpu().numpy()
         if not np.all(np.isfinite(mat)):
             return math.inf
@@ -136,12 +159,13 @@ def _analytic(
     return target.variant.jacobian_bounds(q, k, v, causal=causal, params=target.params, extras=extras)
 
 
-def _slack(*xs: np.ndarray) -> float:
+def _slack(*xs: np.ndarray, precision: str = "float64") -> float:
     """Absolute slack for a derivative evaluated in float64: its entries scale at most like products
     of two input magnitudes, and are computed to about 1e-9 of that (u64 times the condition of
-    a derivative that vanishes, e.g. dO/dQ at N = 1, where the exact bound is 0)."""
+    a derivative that vanishes, e.g. dO/dQ at N = 1, where the exact bound is 0); 1e-4 for a target
+    computing in float32 internally."""
     m = max(float(np.max(np.abs(x))) for x in xs)
-    return 1e-9 * (1.0 + m * m)
+    return JACOBIAN_SLACK[precision][1] * (1.0 + m * m)
 
 
 @guarded("jacobian-norm")
@@ -150,6 +174,10 @@ def jacobian_norm(target: Target, ex: AttentionInputs, *, causal: bool) -> Findi
     against their analytic bounds; power-iteration estimates (from below) in float64, per (b, h)."""
     if _undefined(target, ex, causal):
         return None
+    no_grad = _detached(target, ex, causal, "jacobian-norm")
+    if no_grad is not None:
+        return no_grad
+    prec = internal_precision(target, ex, causal)
     t = target.tensors({"q": ex.q, "k": ex.k, "v": ex.v, **ex.extras}, dtype="float64")
     q, k, v = t.pop("q"), t.pop("k"), t.pop("v")
     est, bnd, labels = [], [], []
@@ -167,7 +195,11 @@ def jacobian_norm(target: Target, ex: AttentionInputs, *, causal: bool) -> Findi
             bnd.append(bound)
             labels.append(f"{wrt}[{b},{h}]")
     est_a, bnd_a = np.array(est), np.array(bnd)
-    fnd = ratio_finding("jacobian-norm", est_a, bnd_a * (1 + 1e-7) + _slack(ex.q, ex.k, ex.v), ex, rigour="sampled")
+    rel = JACOBIAN_SLACK[prec][0]
+    fnd = ratio_finding(
+        "jacobian-norm", est_a, bnd_a * (1 + rel) + _slack(ex.q, ex.k, ex.v, precision=prec), ex, rigour="sampled"
+    )
+    fnd.details["computes_in"] = prec
     fnd.details.update(
         estimates=dict(zip(labels, map(float, est_a), strict=True)),
         bounds=dict(zip(labels, map(float, bnd_a), strict=True)),
@@ -185,6 +217,12 @@ def depth_growth(target: Target, ex: AttentionInputs, *, causal: bool) -> Findin
     prod_l (1 + b_Q(x_l) + b_K(x_l) + b_V(x_l)) with the analytic per-layer bounds (proofs/jacobian-bounds.md)."""
     torch = _torch()
     x0 = ex.q
+    if _undefined(target, replace(ex, k=x0, v=x0), causal):
+        return None
+    no_grad = _detached(target, replace(ex, k=x0, v=x0), causal, "depth-growth")
+    if no_grad is not None:
+        return no_grad
+    prec = internal_precision(target, replace(ex, k=x0, v=x0), causal)
     t = target.tensors({"x": x0}, dtype="float64")
     extras = target.tensors(ex.extras, dtype="float64")
     layer = _call64(target, causal, extras)
@@ -222,6 +260,36 @@ def depth_growth(target: Target, ex: AttentionInputs, *, causal: bool) -> Findin
             if not bool(torch.isfinite(xl).all()):
                 return None
     est = spectral_norm(stack, t["x"])
-    f = ratio_finding("depth-growth", np.array([est]), np.array([bound * (1 + 1e-7) + _slack(x0)]), ex)
-    f.details.update(estimate=est, bound=bound, depth=DEPTH, per_layer_growth=est ** (1 / DEPTH))
+    rel = JACOBIAN_SLACK[prec][0]
+    f = ratio_finding("depth-growth", np.array([est]), np.array([bound * (1 + rel) + _slack(x0, precision=prec)]), ex)
+    f.details.update(estimate=est, bound=bound, depth=DEPTH, per_layer_growth=est ** (1 / DEPTH), computes_in=prec)
     return f
+
+
+def depth_growth_unless(variant: Any, causal: bool, params: dict[str, Any]) -> str | None:
+    """Why depth-growth cannot be checked under these hyperparameters (None when it can)."""
+    if "jacobian-qk" not in variant.tags(params):
+        return (
+            f"the analytic Q and K Jacobian bounds (proofs/jacobian-bounds.md) do not hold for {variant.name} "
+            f"with these hyperparameters (eps = {params.get('eps')})"
+        )
+    return None
+
+
+def _detached(target: Target, ex: AttentionInputs, causal: bool, name: str) -> Finding | None:
+    """A failing Finding when the target's float64 output carries no gradient with respect to q, k, v
+    (a detached output: every Jacobian estimate would be 0 and pass any upper bound), else None."""
+    torch = _torch()
+    t = target.tensors({"q": ex.q, "k": ex.k, "v": ex.v, **ex.extras}, requires_grad=True, dtype="float64")
+    q, k, v = t.pop("q"), t.pop("k"), t.pop("v")
+    o = target.call_torch(q, k, v, causal=causal, **t)
+    if o.requires_grad and o.grad_fn is not None:
+        used = torch.autograd.grad(o.sum(), (q, k, v), allow_unused=True)
+        if all(g is not None for g in used):
+            return None
+        missing = [n for n, g in zip("qkv", used, strict=True) if g is None]
+        why = f"the output does not depend on {', '.join(missing)} through autograd"
+    else:
+        why = "the output is detached from q, k, v (no gradient)"
+    f = Finding(name, math.inf, 1.0, details={"error": f"{target.name}: {why}", "missing_gradient": True})
+    return with_counterexample(f, ex)

@@ -43,11 +43,15 @@ def rows_sum_to_one(target: Target, ex: AttentionInputs, *, causal: bool) -> Fin
         return None
     p = target(ex.q, ex.k, eye, causal=causal, **ex.extras)
     b = bound_of(target, ex, causal=causal, v=eye)
+    # the definition's own departure (a declared eps in the denominator: rows sum to den / (den + eps))
+    with np.errstate(all="ignore"):
+        ref = target.reference(ex.q, ex.k, eye, causal=causal, **ex.extras)
+    own_row, own_neg = np.abs(ref.sum(-1) - 1.0), np.maximum(-ref, 0.0)
     row_err = np.abs(p.sum(-1) - 1.0)
     neg = np.maximum(-p, 0.0)
     return ratio_finding(
         "rows-sum-to-one",
-        np.concatenate([row_err.ravel(), neg.ravel()]),
+        np.concatenate([np.maximum(row_err - own_row, 0.0).ravel(), np.maximum(neg - own_neg, 0.0).ravel()]),
         np.concatenate([b.sum(-1).ravel(), b.ravel()]),
         ex,
         min_weight=float(p.min()),
@@ -62,8 +66,12 @@ def convex_hull(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding
         return None
     o = target(ex.q, ex.k, ex.v, causal=causal, **ex.extras)
     hi, lo = value_hull(ex.v, causal=causal)
+    with np.errstate(all="ignore"):
+        ref = target.reference(ex.q, ex.k, ex.v, causal=causal, **ex.extras)
+    # the definition's own distance outside the hull (a declared eps shrinks outputs toward 0)
+    own = np.maximum(np.maximum(ref - hi, lo - ref), 0.0)
     outside = np.maximum(np.maximum(o - hi, lo - o), 0.0)
-    outside = np.where(np.isnan(o), np.inf, outside)
+    outside = np.where(np.isnan(o), np.inf, np.maximum(outside - own, 0.0))
     return ratio_finding("convex-hull", outside, bound_of(target, ex, causal=causal), ex)
 
 

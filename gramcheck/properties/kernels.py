@@ -63,7 +63,7 @@ def estimates(kind: str, x: np.ndarray, y: np.ndarray, m: int, sampler: Sampler,
 
 def _z_finding(name: str, z: np.ndarray, crit: float, **details: Any) -> Finding:
     measured = float(np.max(z))
-    return Finding(name, bool(measured <= crit), measured, crit, details=details)
+    return Finding(name, measured, crit, details=details)
 
 
 def kernel_unbiased(
@@ -150,7 +150,6 @@ def orf_conditioning(
     measured = float(max(seen)) if seen else 0.0
     return Finding(
         "orf-conditioning",
-        measured <= 1.0,
         measured,
         1.0,
         rigour="proved",

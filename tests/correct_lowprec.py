@@ -1,0 +1,42 @@
+"""Correct attention implementations that compute in a lower precision than they are called with (as
+flash-linear-attention's naive references do: float32 inside, whatever the input dtype). No property may
+fail them; gradient checks judge them at the precision they compute in."""
+
+from __future__ import annotations
+
+from gramcheck import variants as V
+
+
+def softmax_in_float32(q, k, v, *, causal):
+    """The builtin softmax computed in float32 and cast back to the input dtype."""
+    dt = q.dtype
+    return V.get("softmax").torch(q.float(), k.float(), v.float(), causal=causal).to(dt)
+
+
+def linear_elu_in_float32(q, k, v, *, causal):
+    """The builtin elu+1 linear attention computed in float32 and cast back."""
+    dt = q.dtype
+    return V.get("linear-elu").torch(q.float(), k.float(), v.float(), causal=causal, form="chunked").to(dt)
+
+
+def softmax_with_custom_backward(q, k, v, *, causal):
+    """The builtin softmax behind a torch.autograd.Function whose backward recomputes through autograd
+    (correct gradients) after a host round trip of the incoming gradient: vmap cannot batch it, so
+    vectorised Jacobians fail."""
+    import torch
+
+    class _Attention(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v):
+            ctx.save_for_backward(q, k, v)
+            return V.get("softmax").torch(q, k, v, causal=causal)
+
+        @staticmethod
+        def backward(ctx, grad):
+            grad = torch.as_tensor(grad.detach().cpu().numpy())  # a host round trip, as some kernels do
+            q, k, v = (x.detach().requires_grad_(True) for x in ctx.saved_tensors)
+            with torch.enable_grad():
+                out = V.get("softmax").torch(q, k, v, causal=causal)
+                return torch.autograd.grad(out, (q, k, v), grad)
+
+    return _Attention.apply(q, k, v)
