@@ -25,6 +25,8 @@ class Report:
     domain: dict[str, Any]
     findings: list[Finding] = field(default_factory=list)
     params: dict[str, Any] = field(default_factory=dict)
+    # the property names asked for; None: every applicable property
+    requested: list[str] | None = None
 
     @property
     def passed(self) -> bool:
