@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 from . import properties as _properties
 from . import variants as _variants
+from .findings import Finding
 from .precision import dtype_name
 from .report import Report
-from .findings import Finding
 from .search import Domain, run_property
 from .strategies import KINDS, PROFILES
 from .targets import DEFAULT_ISOLATION, ISOLATIONS, Target, builtin, resolve
@@ -80,7 +80,9 @@ def _check_device(device: Any) -> None:
     except (RuntimeError, ValueError) as exc:
         raise ValueError(f"device: got {device!r}; not a torch device ({exc})") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device: got {device!r}; this machine has no CUDA device (torch.cuda.is_available() is False)")
+        raise ValueError(
+            f"device: got {device!r}; this machine has no CUDA device (torch.cuda.is_available() is False)"
+        )
     try:
         torch.empty(1, device=dev)
     except (RuntimeError, AssertionError) as exc:

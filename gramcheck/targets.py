@@ -194,7 +194,9 @@ class Target:
         if status == "interrupt":
             raise KeyboardInterrupt(payload)
         if status == "timeout":
-            raise TargetError("timeout", f"{self.name} did not return within {self.timeout:g} s (worker process killed)")
+            raise TargetError(
+                "timeout", f"{self.name} did not return within {self.timeout:g} s (worker process killed)"
+            )
         if status == "crashed":
             raise TargetError("crashed", f"{self.name} ended its worker process: {payload}")
         raise TargetError(status, f"{self.name} {payload}")
@@ -268,7 +270,8 @@ def _worker_main(conn: Any, rebuild: tuple[str, Any]) -> None:
         if msg is None:
             return
         args, kwargs = msg
-        tensors = {**dict(zip("qkv", args)), **{n: t for n, t in kwargs.items() if isinstance(t, torch.Tensor)}}
+        tensors = dict(zip("qkv", args, strict=True))
+        tensors.update({n: t for n, t in kwargs.items() if isinstance(t, torch.Tensor)})
         before = {n: t.clone() for n, t in tensors.items()}
         try:
             out = fn(*args, **kwargs)
@@ -347,7 +350,9 @@ class _ProcessWorker:
             status, payload = self._conn.recv()
         except EOFError:
             code_ = self._proc.wait(5)
-            raise ValueError(f"isolation: the worker process for {name} ended while starting (exit code {code_})") from None
+            raise ValueError(
+                f"isolation: the worker process for {name} ended while starting (exit code {code_})"
+            ) from None
         if status != "ready":
             self.stop()
             raise ValueError(f"isolation: the worker process cannot re-create {name}: {payload}")
