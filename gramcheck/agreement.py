@@ -80,5 +80,9 @@ def check_agreement(
             "unbounded_entries": int(unbounded.sum()),
             "bits_beyond_bound": bits,
             "dtype": dtype_name(dtype),
+            # the ratio's worst entry in its own units: error (with the truth's uncertainty) and tolerance
+            "worst_index": [int(i) for i in worst],
+            "worst_error": float(err[worst]),
+            "worst_bound": float(bound[worst]),
         },
     )

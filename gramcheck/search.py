@@ -177,11 +177,11 @@ def run_property(
     @cfg
     @given(strategy)
     def search(ex: Any) -> None:
-        # a hanging target is not called again: shrinking would wait out every call
+        # a hanging or crashing target is not called again: shrinking would wait out (or restart) every call
         f = timed_out[0] if timed_out else prop.fn(target, ex, causal=causal)
         if f is None:
             reject()
-        if f.failure == "timeout" and not timed_out:
+        if f.failure in ("timeout", "crashed") and not timed_out:
             f.details["examples"] = count[0] + 1  # the calls made; later ones replay this finding
             timed_out.append(f)
         count[0] += 1
