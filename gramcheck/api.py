@@ -124,7 +124,7 @@ def check(
 
     ``properties``: names from ``gramcheck.properties.names()`` (default: every property applicable to
     the variant, mode and dtype); ``domain``: a ``Domain`` or its fields as a dict (kinds, max_n, max_d,
-    max_b, max_h, examples); ``profile``: 'ci' (fast, derandomised) or 'thorough'; ``params``: the
+    max_b, max_h, examples); ``profile``: 'ci' (fast, seeded by ``seed``) or 'thorough'; ``params``: the
     hyperparameters the target implements (passed to the reference); ``progress(name, done, total)`` is
     called before each property and once at the end (name ''); ``on_finding(finding, done, total)`` as
     each property finishes. ``memory_budget`` (bytes; default ``search.MEMORY_BUDGET``) bounds the

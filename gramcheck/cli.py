@@ -122,7 +122,8 @@ def _streamer(console: Any) -> tuple[Any, Any]:
         return bar, on_finding
 
     def on_line(f: Any, done: int, total: int) -> None:
-        print(f"[{done}/{total}] {render_finding(f)}", file=sys.stderr, flush=True)
+        counter = f"[{done}/{total}] " if total else ""
+        print(f"{counter}{render_finding(f)}", file=sys.stderr, flush=True)
 
     return contextlib.nullcontext(), on_line
 
@@ -314,7 +315,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     console = _console()
-    table, certs, failed = run_demo(seed=args.seed, out=Path(args.output))
+    ctx, on_finding = _streamer(console)
+    with ctx:
+        table, certs, failed = run_demo(seed=args.seed, out=Path(args.output), on_finding=on_finding)
     console.print(table)
     console.print(certs)
     console.print(f"{failed} failed; certificates in {args.output}/; {time.perf_counter() - t0:.1f} s")

@@ -166,3 +166,30 @@ def test_one_renderer_shows_error_and_tolerance_in_their_units():
     assert line in r.summary()
     with pytest.raises(AssertionError, match="tolerance 2.1e-05"):
         r.raise_for_failures()
+
+
+def test_profiles_are_seeded_not_derandomised():
+    """One rule: the search seeds Hypothesis with ``seed``; a derandomised profile would ignore it."""
+    from gramcheck.strategies import PROFILES
+
+    assert all(not s.derandomize and s.database is None for s in PROFILES.values())
+    a = check("builtin:softmax", properties=["agreement"], domain=TINY, seed=0)["agreement"]
+    b = check("builtin:softmax", properties=["agreement"], domain=TINY, seed=0)["agreement"]
+    c = check("builtin:softmax", properties=["agreement"], domain=TINY, seed=1)["agreement"]
+    assert a.measured == b.measured and (a.measured, a.details) != (c.measured, c.details)
+
+
+def test_demo_streams_lines(monkeypatch, tmp_path, capsys):
+    from gramcheck import demo
+
+    real_forms, softmax = demo.form_findings, demo._variants.get("softmax")
+
+    def tiny_forms(seed=0):
+        yield from list(real_forms(seed=seed))[:2]
+
+    monkeypatch.setattr(demo, "form_findings", tiny_forms)
+    monkeypatch.setattr(demo, "DEMO_DOMAIN", TINY)
+    monkeypatch.setattr(demo._variants, "list", lambda: [softmax])
+    main(["demo", "-o", str(tmp_path)])
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("pass agreement[") and any(line.startswith("[1/") and "softmax: " in line for line in err)
