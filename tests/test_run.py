@@ -193,3 +193,10 @@ def test_demo_streams_lines(monkeypatch, tmp_path, capsys):
     main(["demo", "-o", str(tmp_path)])
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith("pass agreement[") and any(line.startswith("[1/") and "softmax: " in line for line in err)
+
+
+def test_cli_isolate_reports_a_crash_and_finishes(capsys):
+    args = ["check", "isolation_targets:exits_7", "--variant", "linear-elu", "--property", "agreement", "--isolate"]
+    assert main([*args, *TINY_ARGS]) == 1
+    out = capsys.readouterr().out
+    assert "crashed" in out and "exited with code 7" in out and "0 passed, 1 failed" in out
