@@ -175,8 +175,14 @@ def check_agreement(
             "ratios": ratios,
             "rule": worst_rule,
             "dtype": dtype_name(dtype),
+            "worst_index": list(worst_at) if worst_at is not None else None,
         }
     )
+    if worst_at is not None:
+        b_worst = {"worst-case": bound, "probabilistic": pbound}.get(worst_rule)
+        details["worst_error"] = float(err[worst_at])
+        if b_worst is not None:
+            details["worst_bound"] = float(b_worst[worst_at])
     if int(pr.sum()):
         details["probability"] = probability
     if worst_at is not None and worst_rule == "worst-case":

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import properties as _properties
 from . import variants as _variants
+from .findings import Finding
 from .precision import dtype_name
 from .report import Report
 from .search import Domain, run_property
 from .strategies import KINDS, PROFILES
-from .targets import Target, builtin, resolve
+from .targets import DEFAULT_ISOLATION, ISOLATIONS, Target, builtin, resolve
 from .validation import check_choice
 
 if TYPE_CHECKING:
@@ -34,6 +36,13 @@ def make_target(
     if isinstance(target, Target):
         return target
     fn, name = resolve(target)
+    _check_device(device)
+    if dtype_name(dtype) == "tf32":
+        raise ValueError(
+            "dtype: got 'tf32'; tf32 is a matmul precision mode, not a torch dtype a target can be called in; "
+            "expected one of float64, float32, bfloat16, float16"
+        )
+    _check_timeout(timeout)
     if name is not None:  # builtin:NAME
         if variant is not None and _variants.get(variant).name != name:
             raise ValueError(f"variant: got {variant!r} for target builtin:{name}; expected {name!r} or None")
@@ -42,8 +51,9 @@ def make_target(
         return t
     if variant is None:
         raise ValueError("variant: got None; expected the name of the variant the target implements")
-    label = target if isinstance(target, str) else getattr(fn, "__qualname__", repr(fn))
-    return Target(
+    label = target_spec(target)
+    label = label.removeprefix("python:")
+    t = Target(
         fn,
         _variants.get(variant),
         dtype=dtype_name(dtype),
@@ -52,6 +62,44 @@ def make_target(
         name=label,
         timeout=timeout,
     )
+    if isinstance(target, str):
+        t.rebuild = ("import", target)
+    return t
+
+
+def _check_device(device: Any) -> None:
+    """A device torch knows and this machine has (a tensor can be made on it)."""
+    if not isinstance(device, str):
+        raise TypeError(f"device: got {device!r} ({type(device).__name__}); expected a string such as 'cpu' or 'cuda'")
+    try:
+        import torch
+    except ImportError:  # pragma: no cover
+        raise ValueError("device: targets are torch functions; torch is not installed (pip install torch)") from None
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError) as exc:
+        raise ValueError(f"device: got {device!r}; not a torch device ({exc})") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            f"device: got {device!r}; this machine has no CUDA device (torch.cuda.is_available() is False)"
+        )
+    try:
+        torch.empty(1, device=dev)
+    except (RuntimeError, AssertionError) as exc:
+        raise ValueError(f"device: got {device!r}; torch cannot allocate on it ({str(exc)[:200]})") from None
+
+
+def _check_timeout(timeout: Any) -> None:
+    if timeout is None:
+        return
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0 or timeout == math.inf:
+        raise ValueError(f"timeout: got {timeout!r}; expected a positive finite number of seconds, or None")
+
+
+def _check_seed(seed: Any) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed: got {seed!r} ({type(seed).__name__}); expected an integer")
+    return seed
 
 
 def check(
@@ -68,33 +116,84 @@ def check(
     params: dict[str, Any] | None = None,
     timeout: float | None = 60.0,
     progress: Callable[[str, int, int], None] | None = None,
+    on_finding: Callable[[Finding, int, int], None] | None = None,
+    memory_budget: float | None = None,
+    isolation: str = DEFAULT_ISOLATION,
 ) -> Report:
     """Check ``target`` as an implementation of ``variant`` (B, H, N, d layout) and return a Report.
 
     ``properties``: names from ``gramcheck.properties.names()`` (default: every property applicable to
     the variant, mode and dtype); ``domain``: a ``Domain`` or its fields as a dict (kinds, max_n, max_d,
-    max_b, max_h, examples); ``profile``: 'ci' (fast, derandomised) or 'thorough'; ``params``: the
+    max_b, max_h, examples); ``profile``: 'ci' (fast, seeded by ``seed``) or 'thorough'; ``params``: the
     hyperparameters the target implements (passed to the reference); ``progress(name, done, total)`` is
-    called before each property and once at the end (name '')."""
+    called before each property and once at the end (name ''); ``on_finding(finding, done, total)`` as
+    each property finishes. ``memory_budget`` (bytes; default ``search.MEMORY_BUDGET``) bounds the
+    estimated memory of the largest input (``Domain.memory_estimate``): a larger domain is a ValueError
+    before anything runs. ``isolation``: 'thread' (the target runs on a worker thread of this process)
+    or 'process' (in a worker process that is killed after a timeout and restarted after a crash)."""
     check_choice("profile", profile, tuple(PROFILES))
+    check_choice("isolation", isolation, ISOLATIONS)
+    seed = _check_seed(seed)
     t = make_target(target, variant, dtype=dtype, device=device, params=params, timeout=timeout)
     var = t.variant
     var.check_causal(causal)
     dom = domain if isinstance(domain, Domain) else Domain(**(domain or {}))
     for k in dom.kinds or ():
         check_choice("domain.kinds", k, KINDS)
-    if properties is None:
-        props = _properties.applicable(var, causal, dict(t.params), dtype=t.dtype)
-    else:
-        props = [_properties.get(p) for p in properties]
-    report = Report(t.name, var.name, causal, t.dtype, device, profile, seed, dom.to_dict(), params=dict(t.overrides))
-    for i, p in enumerate(props):
-        if progress is not None:
-            progress(p.name, i, len(props))
-        report.findings.append(run_property(p, t, causal=causal, domain=dom, profile_name=profile, seed=seed))
+    dom.check_memory(var, budget=memory_budget)
+    props = select_properties(var, causal, dict(t.params), t.dtype, properties)
+    report = Report(
+        t.name,
+        var.name,
+        causal,
+        t.dtype,
+        device,
+        profile,
+        seed,
+        dom.to_dict(),
+        params=dict(t.overrides),
+        requested=None if properties is None else [p.name for p in props],
+    )
+    if isolation == "process":
+        t = t.isolated()
+    try:
+        for i, p in enumerate(props):
+            if progress is not None:
+                progress(p.name, i, len(props))
+            f = run_property(p, t, causal=causal, domain=dom, profile_name=profile, seed=seed)
+            report.findings.append(f)
+            if on_finding is not None:
+                on_finding(f, i + 1, len(props))
+    finally:
+        t.close()
     if progress is not None:
         progress("", len(props), len(props))
     return report
+
+
+def select_properties(
+    var: Any, causal: bool, params: dict[str, Any], dtype: str, properties: Sequence[str] | None
+) -> list[Any]:
+    """The properties to run: every applicable one (catalogue order), or the ones asked for, each of
+    which must apply to the variant, mode and dtype (a ValueError naming it otherwise)."""
+    applicable = _properties.applicable(var, causal, params, dtype=dtype, include_diagnostics=True)
+    if properties is None:
+        return [p for p in applicable if p.default]
+    if isinstance(properties, str):
+        raise TypeError(f"properties: got the string {properties!r}; expected a list of property names")
+    out = []
+    names = {p.name for p in applicable}
+    for name in properties:
+        p = _properties.get(name)
+        if p.name not in names:
+            mode = "causal" if causal else "non-causal"
+            raise ValueError(
+                f"properties: {p.name!r} does not apply to variant {var.name!r} ({mode}, {dtype}); "
+                f"applicable: {', '.join(sorted(names))}"
+            )
+        if p not in out:
+            out.append(p)
+    return out
 
 
 def target_spec(target: Any) -> str:
@@ -114,12 +213,16 @@ def certify(
     variant: Any = None,
     *,
     out: str | None = None,
+    sign_key: str | Path | None = None,
     **kwargs: Any,
 ) -> Certificate:
     """Run ``check`` and turn its Report into a Certificate (written to ``out`` when given, with its
-    counterexample .npz files beside it). Same keywords as ``check``."""
+    counterexample .npz files beside it; signed with the ed25519 PEM key ``sign_key`` when given).
+    Same keywords as ``check``."""
     report = check(target, variant, **kwargs)
     cert = certificate_of(report, target, stem="certificate" if out is None else Path(out).stem)
+    if sign_key is not None:
+        cert.sign(sign_key)
     if out is not None:
         cert.write(out)
     return cert
@@ -127,32 +230,61 @@ def certify(
 
 def certificate_of(report: Report, target: Any, *, spec: str | None = None, stem: str = "certificate") -> Certificate:
     """The Certificate of ``report`` for ``target`` (a callable, 'module:attr', 'builtin:NAME' or a Target):
-    records ``spec`` (default ``target_spec(target)``) and the SHA-256 of the target's source, none for
-    gramcheck's own forms."""
+    records ``spec`` (default ``target_spec(target)``), the properties requested (``report.requested``)
+    and the target's ``source_hash`` (none for gramcheck's own forms)."""
     from .certificate import from_report, source_hash
 
     spec = target_spec(target) if spec is None else spec
     fn = target.fn if isinstance(target, Target) else resolve(target)[0]
     src = None if spec.startswith("builtin:") or fn is None else source_hash(fn)
-    return from_report(report, target_spec=spec, source=src, stem=stem)
+    return from_report(report, target_spec=spec, source=src, stem=stem, requested=report.requested)
 
 
 @dataclass
 class Verification:
-    """``ok``: the re-run reproduced every verdict and value; ``differences`` lists what changed."""
+    """The re-run of a certificate. ``ok``: every setting, verdict and value reproduced, no applicable
+    (or requested) property is missing from the file, and (``strict``) the environment is the same.
+    ``differences``: results that changed; ``environment``: version differences (reported, failing only
+    when strict); ``source_changed``: the target's source hash differs; ``signer``: the signing key's
+    fingerprint (None when unsigned)."""
 
     ok: bool
     differences: list[str]
     original: dict[str, Any]
     rerun: dict[str, Any]
+    environment: list[str] = field(default_factory=list)
+    source_changed: bool = False
+    signer: str | None = None
+    strict: bool = False
+
+    @property
+    def status(self) -> str:
+        """'reproduced', 'source changed, results identical', 'environment changed' (strict) or
+        'results changed'."""
+        if self.differences:
+            return "results changed"
+        if self.strict and self.environment:
+            return "environment changed"
+        return "source changed, results identical" if self.source_changed else "reproduced"
 
 
-def verify(path: str | Path) -> Verification:
-    """Load a certificate (schema, content hash and counterexample hashes are checked; a problem raises
-    CertificateError), re-run the same check and compare."""
-    from .certificate import CertificateError, differences, load
+def verify(
+    path: str | Path, *, strict: bool = False, trusted_key: str | Path | None = None, isolation: str | None = None
+) -> Verification:
+    """Load a certificate (schema, content hash, counterexample hashes and any signature are checked; a
+    problem raises CertificateError; with ``trusted_key`` it must be signed by that ed25519 public key),
+    re-run the check it records (the requested properties, or every applicable one) and compare."""
+    from .certificate import (
+        CertificateError,
+        check_signature,
+        differences,
+        environment_differences,
+        load,
+        source_changed,
+    )
 
     data = load(path)
+    signer = check_signature(data, trusted_key, where=str(path))
     spec = data["target"]["spec"]
     if spec.startswith("python:"):
         raise CertificateError(
@@ -166,10 +298,13 @@ def verify(path: str | Path) -> Verification:
         dtype=env["dtype"],
         device=env["device"],
         domain=data["domain"],
-        properties=[e["property"] for e in data["properties"]],
+        properties=data["requested"],
         profile=data["profile"],
         seed=data["seed"],
         params=data["params"] or None,
+        isolation=isolation or DEFAULT_ISOLATION,
     )
     diffs = differences(data, cert.data)
-    return Verification(not diffs, diffs, data, cert.data)
+    envs = environment_differences(data, cert.data)
+    ok = not diffs and not (strict and envs)
+    return Verification(ok, diffs, data, cert.data, envs, source_changed(data, cert.data), signer, strict)

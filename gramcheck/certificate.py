@@ -1,20 +1,26 @@
 """Stability certificates: canonical JSON of a ``Report`` with its environment, domain and seed, a content
-hash, counterexamples as .npz files beside it, and ``verify`` that re-runs it.
+hash, counterexamples as .npz files beside it, an optional ed25519 signature, and ``verify`` that re-runs it.
 
 Canonical JSON: keys sorted, no whitespace, floats as Python's shortest round-trip repr, non-finite floats
 as the strings "inf", "-inf", "nan", UTF-8, one trailing newline. ``content_hash`` is the SHA-256 of the
-canonical JSON of the certificate without its ``content_hash`` field, so a changed byte anywhere is
-detected. The schema is ``gramcheck/schema/certificate-v1.json`` (JSON Schema 2020-12).
+canonical JSON of the certificate without its ``content_hash`` and ``signature`` fields: a changed byte
+anywhere is detected (integrity), but anyone can recompute it. ``signature`` (optional) is an ed25519
+signature of the canonical JSON without the ``signature`` field (so it covers ``content_hash`` too): it
+tells who issued the file (authenticity). Neither tells whether the issuer told the truth; ``verify``
+re-runs the check for that. The schema is ``gramcheck/schema/certificate-v1.json`` (JSON Schema 2020-12).
 """
 
 from __future__ import annotations
 
+import ast
 import hashlib
+import importlib.util
 import inspect
 import io
 import json
 import math
 import platform
+import sys
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,8 +70,118 @@ def canonical_json(obj: Any) -> str:
 
 
 def content_hash(cert: dict[str, Any]) -> str:
-    body = {k: v for k, v in cert.items() if k != "content_hash"}
+    """SHA-256 of the canonical JSON without ``content_hash`` and ``signature`` (integrity only: anyone
+    can recompute it)."""
+    body = {k: v for k, v in cert.items() if k not in ("content_hash", "signature")}
     return hashlib.sha256(canonical_json(body).encode("utf-8")).hexdigest()
+
+
+# --------------------------------------------------------------------------------------------------
+# signatures (ed25519 through the ``cryptography`` package: the optional extra ``sign``)
+# --------------------------------------------------------------------------------------------------
+def _crypto() -> Any:
+    try:
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric import ed25519
+    except ImportError:
+        raise ValueError(
+            "signing: needs the 'cryptography' package (pip install 'gramcheck[sign]')"
+        ) from None
+    return serialization, ed25519
+
+
+def signed_bytes(cert: dict[str, Any]) -> bytes:
+    """What a signature covers: the canonical JSON of the certificate without its ``signature``."""
+    return canonical_json({k: v for k, v in cert.items() if k != "signature"}).encode("utf-8")
+
+
+def keygen(private_path: str | Path, public_path: str | Path) -> str:
+    """Write a new ed25519 key pair as PEM (private key PKCS#8, unencrypted, mode 0600; public key
+    SubjectPublicKeyInfo); returns the public key's fingerprint (SHA-256 of its 32 raw bytes, hex)."""
+    serialization, ed25519 = _crypto()
+    key = ed25519.Ed25519PrivateKey.generate()
+    private_path, public_path = Path(private_path), Path(public_path)
+    for name, p in (("private key", private_path), ("public key", public_path)):
+        if p.exists():
+            raise ValueError(f"keygen: {name} file {p} exists; expected a new path (never overwritten)")
+    pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    private_path.touch(mode=0o600)
+    private_path.write_bytes(pem)
+    public_path.write_bytes(
+        key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
+    return _fingerprint(_raw_public(key.public_key()))
+
+
+def _raw_public(pub: Any) -> bytes:
+    serialization, _ = _crypto()
+    return pub.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
+def _fingerprint(raw: bytes) -> str:
+    return hashlib.sha256(raw).hexdigest()
+
+
+def _load_key(path: str | Path, *, private: bool, arg: str) -> Any:
+    serialization, ed25519 = _crypto()
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise ValueError(f"{arg}: cannot read {path}: {exc}") from None
+    try:
+        key = (
+            serialization.load_pem_private_key(data, password=None)
+            if private
+            else serialization.load_pem_public_key(data)
+        )
+    except (ValueError, TypeError) as exc:
+        kind = "private" if private else "public"
+        raise ValueError(f"{arg}: {path} is not an unencrypted PEM {kind} key ({exc})") from None
+    want = ed25519.Ed25519PrivateKey if private else ed25519.Ed25519PublicKey
+    if not isinstance(key, want):
+        raise ValueError(f"{arg}: {path} holds a {type(key).__name__}; expected an ed25519 key (gramcheck keygen)")
+    return key
+
+
+def sign(cert: dict[str, Any], private_key: str | Path) -> dict[str, Any]:
+    """``cert`` with a ``signature`` field: ed25519 over ``signed_bytes(cert)``, with the public key."""
+    key = _load_key(private_key, private=True, arg="sign_key")
+    body = {k: v for k, v in cert.items() if k != "signature"}
+    sig = key.sign(signed_bytes(body))
+    body["signature"] = {"algorithm": "ed25519", "public_key": _raw_public(key.public_key()).hex(), "value": sig.hex()}
+    return body
+
+
+def check_signature(cert: dict[str, Any], trusted_key: str | Path | None = None, *, where: str = "") -> str | None:
+    """Check ``cert``'s signature; returns the signer's fingerprint (None when unsigned and no trusted key
+    was asked for). With ``trusted_key`` the file must be signed by that key. Every problem is a
+    CertificateError."""
+    sig = cert.get("signature")
+    if sig is None:
+        if trusted_key is not None:
+            raise CertificateError(f"certificate: {where} is not signed; expected a signature by {trusted_key}")
+        return None
+    _, ed25519 = _crypto()
+    from cryptography.exceptions import InvalidSignature
+
+    try:
+        raw = bytes.fromhex(sig["public_key"])
+        pub = ed25519.Ed25519PublicKey.from_public_bytes(raw)
+        pub.verify(bytes.fromhex(sig["value"]), signed_bytes(cert))
+    except (ValueError, InvalidSignature):
+        raise CertificateError(
+            f"certificate: {where} signature does not match its content (changed after signing, or forged)"
+        ) from None
+    if trusted_key is not None:
+        trusted = _raw_public(_load_key(trusted_key, private=False, arg="trusted_key"))
+        if trusted != raw:
+            raise CertificateError(
+                f"certificate: {where} is signed by key {_fingerprint(raw)[:16]}, not by the trusted key "
+                f"{_fingerprint(trusted)[:16]} ({trusted_key})"
+            )
+    return _fingerprint(raw)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -85,13 +201,20 @@ def npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
 # --------------------------------------------------------------------------------------------------
 # building
 # --------------------------------------------------------------------------------------------------
+ENVIRONMENT_KEYS = ("python", "numpy", "mpmath", "torch", "hypothesis")
+
+
 def environment(device: str, dtype: str) -> dict[str, Any]:
+    """Versions that can change results (python, numpy, mpmath, torch, hypothesis: the example stream is
+    a function of the seed and the Hypothesis version) and the device and dtype checked."""
+    import hypothesis
     import mpmath
 
-    env = {
+    env: dict[str, Any] = {
         "python": platform.python_version(),
         "numpy": np.__version__,
         "mpmath": mpmath.__version__,
+        "hypothesis": hypothesis.__version__,
         "device": device,
         "dtype": dtype,
     }
@@ -104,13 +227,93 @@ def environment(device: str, dtype: str) -> dict[str, Any]:
     return env
 
 
+# --------------------------------------------------------------------------------------------------
+# the target's source: its module and the modules it imports from the same top-level package
+# --------------------------------------------------------------------------------------------------
+def _normalised_ast(tree: ast.AST) -> str:
+    """``ast.dump`` without positions and without docstrings: comments, formatting and docstrings never
+    change it; any change to code does."""
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            body = node.body
+            first = body[0].value if body and isinstance(body[0], ast.Expr) else None
+            if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree, annotate_fields=False, include_attributes=False)
+
+
+def _imported_modules(tree: ast.AST, module: str, is_package: bool) -> set[str]:
+    """Absolute names of the modules ``tree`` (module ``module``) imports, relative imports resolved;
+    ``from m import x`` counts m and m.x (x may be a submodule)."""
+    names: set[str] = set()
+    pkg = module if is_package else module.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = pkg.split(".") if pkg else []
+                base_parts = parts[: len(parts) - (node.level - 1)] if node.level > 1 else parts
+                base = ".".join(base_parts + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            if base:
+                names.add(base)
+                names.update(f"{base}.{a.name}" for a in node.names)
+    return names
+
+
+def _module_file(name: str) -> tuple[str, bool] | None:
+    """(source path, is_package) of module ``name`` where it has Python source; None otherwise."""
+    mod = sys.modules.get(name)
+    path = getattr(mod, "__file__", None) if mod is not None else None
+    is_pkg = hasattr(mod, "__path__") if mod is not None else False
+    if path is None:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            return None
+        if spec is None or not spec.origin or not spec.has_location:
+            return None
+        path, is_pkg = spec.origin, spec.submodule_search_locations is not None
+    return (path, is_pkg) if str(path).endswith(".py") else None
+
+
 def source_hash(fn: Any) -> str | None:
-    """SHA-256 of the target's source text where Python can find it (None for builtins and C code)."""
-    try:
-        src = inspect.getsource(inspect.unwrap(fn))
-    except (OSError, TypeError):
+    """SHA-256 over the normalised AST (``_normalised_ast``: comments, layout and docstrings do not
+    count) of the module defining ``fn`` and of every module it imports, directly or through each
+    other, from the same top-level package. None where there is no Python source (builtins, C code,
+    ``__main__``)."""
+    fn = inspect.unwrap(fn)
+    root = getattr(fn, "__module__", None)
+    if not isinstance(root, str) or root == "__main__":
         return None
-    return hashlib.sha256(src.encode("utf-8")).hexdigest()
+    top = root.split(".")[0]
+    seen: dict[str, str] = {}
+    todo = [root]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        found = _module_file(name)
+        if found is None:
+            if name == root:
+                return None
+            continue
+        path, is_pkg = found
+        try:
+            tree = ast.parse(Path(path).read_text(encoding="utf-8"), filename=str(path))
+        except (OSError, SyntaxError, UnicodeDecodeError):
+            if name == root:
+                return None
+            continue
+        imports = _imported_modules(tree, name, is_pkg)
+        seen[name] = _normalised_ast(tree)
+        todo.extend(m for m in imports if (m == top or m.startswith(top + ".")) and m not in seen)
+    h = hashlib.sha256()
+    for name in sorted(seen):
+        h.update(f"{name}\n{seen[name]}\n".encode())
+    return h.hexdigest()
 
 
 @dataclass
@@ -123,6 +326,11 @@ class Certificate:
     @property
     def passed(self) -> bool:
         return bool(self.data["passed"])
+
+    def sign(self, private_key: str | Path) -> Certificate:
+        """Add an ed25519 signature by ``private_key`` (a PEM file from ``gramcheck keygen``)."""
+        self.data = sign(self.data, private_key)
+        return self
 
     def to_json(self) -> str:
         return canonical_json(self.data)
@@ -137,9 +345,18 @@ class Certificate:
         return path
 
 
-def from_report(report: Report, *, target_spec: str, source: str | None, stem: str = "certificate") -> Certificate:
+def from_report(
+    report: Report,
+    *,
+    target_spec: str,
+    source: str | None,
+    stem: str = "certificate",
+    requested: list[str] | None = None,
+) -> Certificate:
     """The certificate of ``report``; ``target_spec`` is what ``verify`` re-imports ('module:attr' or
-    'builtin:NAME'), ``source`` the SHA-256 of the target's source (or None)."""
+    'builtin:NAME'), ``source`` the target's ``source_hash`` (or None), ``requested`` the property names
+    asked for (None: every applicable one; ``verify`` re-runs what was requested and fails on any
+    property the file lacks)."""
     from . import __version__
 
     entries = []
@@ -147,7 +364,7 @@ def from_report(report: Report, *, target_spec: str, source: str | None, stem: s
     for f in report.findings:
         entry = {
             "property": f.name,
-            "verdict": "pass" if f.passed else "fail",
+            "verdict": f.verdict,
             "measured": f.measured,
             "bound": f.bound,
             "margin": f.margin,
@@ -177,6 +394,7 @@ def from_report(report: Report, *, target_spec: str, source: str | None, stem: s
         "domain": report.domain,
         "profile": report.profile,
         "seed": report.seed,
+        "requested": None if requested is None else list(requested),
         "passed": report.passed,
         "properties": entries,
     }
@@ -192,6 +410,31 @@ def schema() -> dict[str, Any]:
     return json.loads(SCHEMA_FILE.read_text(encoding="utf-8"))
 
 
+MAX_NESTING = 64  # a certificate nests about 8 levels; anything far deeper is not one
+
+
+def _max_nesting(text: str) -> int:
+    """The deepest bracket nesting of a JSON text (brackets inside strings skipped), without recursion."""
+    depth = best = 0
+    in_str = escaped = False
+    for ch in text:
+        if in_str:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif ch in "[{":
+            depth += 1
+            best = max(best, depth)
+        elif ch in "]}":
+            depth -= 1
+    return best
+
+
 def load(path: str | Path) -> dict[str, Any]:
     """Read and validate a certificate: JSON, schema version, JSON Schema, content hash. Every problem is
     a CertificateError naming the file and what was expected."""
@@ -202,12 +445,19 @@ def load(path: str | Path) -> dict[str, Any]:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise CertificateError(f"certificate: cannot read {path}: {exc}") from None
+    depth = _max_nesting(text)
+    if depth > MAX_NESTING:
+        raise CertificateError(
+            f"certificate: {path} nests JSON {depth} levels deep; a gramcheck certificate nests at most {MAX_NESTING}"
+        )
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise CertificateError(
             f"certificate: {path} is not valid JSON ({exc.msg} at line {exc.lineno}); expected a gramcheck certificate"
         ) from None
+    except RecursionError:  # pragma: no cover - _max_nesting bounds the depth first
+        raise CertificateError(f"certificate: {path} nests JSON too deeply") from None
     if not isinstance(data, dict):
         raise CertificateError(f"certificate: {path} holds a JSON {type(data).__name__}; expected an object")
     version = data.get("schema_version")
@@ -223,10 +473,27 @@ def load(path: str | Path) -> dict[str, Any]:
         raise CertificateError(f"certificate: {path} does not match the schema at {where}: {exc.message}") from None
     if data["content_hash"] != content_hash(data):
         raise CertificateError(f"certificate: {path} content hash mismatch: the file was changed after it was written")
+    verdicts = all(e["verdict"] != "fail" for e in data["properties"])
+    if data["passed"] != verdicts:
+        raise CertificateError(
+            f"certificate: {path} says passed={data['passed']} but its properties' verdicts say {verdicts}"
+        )
+    check_signature(data, where=str(path))
+    folder = path.parent.resolve()
     for entry in data["properties"]:
         name = entry.get("counterexample_file")
         if name:
             blob_path = path.parent / name
+            inside = (
+                not Path(name).is_absolute()
+                and Path(name).name == name
+                and blob_path.resolve().parent == folder
+            )
+            if not inside:
+                raise CertificateError(
+                    f"certificate: counterexample_file {name!r} of property {entry['property']!r} is outside the "
+                    f"certificate's folder; expected a file name beside {path.name}"
+                )
             if not blob_path.exists():
                 raise CertificateError(f"certificate: counterexample file {blob_path} is missing")
             if hashlib.sha256(blob_path.read_bytes()).hexdigest() != entry["counterexample_sha256"]:
@@ -235,24 +502,45 @@ def load(path: str | Path) -> dict[str, Any]:
 
 
 def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """Human-readable differences between two certificates (environment differences are listed too)."""
+    """Human-readable differences in what was checked and what it gave: settings, verdicts, values, and
+    properties present in one certificate only. Environment and source differences are not results:
+    see ``environment_differences`` and ``source_changed``."""
     out = []
-    for key in ("gramcheck_version", "variant", "params", "causal", "domain", "profile", "seed", "passed"):
+    for key in ("variant", "params", "causal", "domain", "profile", "seed", "requested", "passed"):
         if old.get(key) != new.get(key):
             out.append(f"{key}: {old.get(key)!r} -> {new.get(key)!r}")
-    if old["target"].get("source_sha256") != new["target"].get("source_sha256"):
-        out.append("target source changed (source_sha256 differs)")
-    for key, val in old["environment"].items():
-        if new["environment"].get(key) != val:
-            out.append(f"environment.{key}: {val!r} -> {new['environment'].get(key)!r}")
+    for key in ("device", "dtype"):
+        if old["environment"].get(key) != new["environment"].get(key):
+            out.append(f"environment.{key}: {old['environment'].get(key)!r} -> {new['environment'].get(key)!r}")
     olds = {e["property"]: e for e in old["properties"]}
     news = {e["property"]: e for e in new["properties"]}
     for name in sorted(set(olds) | set(news)):
         a, b = olds.get(name), news.get(name)
-        if a is None or b is None:
-            out.append(f"property {name}: {'added' if a is None else 'missing'} on re-run")
+        if a is None:
+            assert b is not None
+            out.append(f"property {name}: missing from the certificate (the re-run checks it: {b['verdict']})")
+            continue
+        if b is None:
+            out.append(f"property {name}: in the certificate but not applicable or not requested on re-run")
             continue
         for field in ("verdict", "measured", "bound", "examples", "rigour", "failure"):
             if a.get(field) != b.get(field):
                 out.append(f"property {name}.{field}: {a.get(field)!r} -> {b.get(field)!r}")
     return out
+
+
+def environment_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """Differences in gramcheck's and the libraries' versions (reported; a result that differs is what
+    fails a verification, unless verification is strict)."""
+    out = []
+    if old.get("gramcheck_version") != new.get("gramcheck_version"):
+        out.append(f"gramcheck_version: {old.get('gramcheck_version')!r} -> {new.get('gramcheck_version')!r}")
+    for key in ENVIRONMENT_KEYS:
+        a, b = old["environment"].get(key), new["environment"].get(key)
+        if a != b:
+            out.append(f"environment.{key}: {a!r} -> {b!r}")
+    return out
+
+
+def source_changed(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    return old["target"].get("source_sha256") != new["target"].get("source_sha256")

@@ -3,11 +3,14 @@
     gramcheck list                                   variants, forms, properties
     gramcheck check TARGET --variant V [options]     table of findings; exit 1 on any failure
     gramcheck certify TARGET --variant V -o FILE     the same, written as a certificate
-    gramcheck verify FILE                            re-run a certificate; exit 1 on any difference
+    gramcheck verify FILE [--trusted-key PUB.pem]    re-run a certificate; exit 1 on a changed result
+    gramcheck keygen PRIVATE.pem PUBLIC.pem          an ed25519 key pair for certify --sign-key
     gramcheck spectrum --variant V --n N --d D       spectral diagnostics of generated inputs [--plot PNG]
     gramcheck demo                                   every built-in variant: table + ./certificates/
 
-Exit codes: 0 success, 1 a property failed or a certificate did not reproduce, 2 bad arguments or input.
+Exit codes: 0 success, 1 a property failed, a certificate did not reproduce or records failures (unless
+--accept-recorded-failures), 2 bad arguments or input. Progress: a live display on a terminal, otherwise
+one line per property on stderr as each finishes.
 """
 
 from __future__ import annotations
@@ -71,20 +74,21 @@ def _check_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "seed": args.seed,
         "params": dict(args.param) if args.param else None,
         "timeout": args.timeout,
+        "isolation": "process" if args.isolate else "thread",
+        "memory_budget": None if args.memory_budget is None else args.memory_budget * 2**30,
     }
 
 
 def _findings_table(title: str, findings: Sequence[Any]) -> Any:
+    from rich.markup import escape
     from rich.table import Table
+
+    from .report import note
 
     table = Table(title=title)
     for col in ("property", "verdict", "measured", "bound", "margin", "rigour", "examples", "note"):
         table.add_column(col, justify="right" if col in ("measured", "bound", "margin", "examples") else "left")
     for f in findings:
-        note = f.failure or ""
-        if not f.passed and f.counterexample:
-            ce = f.counterexample
-            note = (note + " " if note else "") + f"{ce.get('kind', '')} shape={ce.get('shape', '')}"
         table.add_row(
             f.name,
             "[green]pass[/green]" if f.passed else "[red]FAIL[/red]",
@@ -93,24 +97,44 @@ def _findings_table(title: str, findings: Sequence[Any]) -> Any:
             f"{f.margin:.3g}",
             f.rigour,
             str(f.details.get("examples", "")),
-            note,
+            escape(note(f)),
         )
     return table
 
 
-def _run_check(args: argparse.Namespace) -> Any:
-    """``api.check`` with a progress bar over the properties; returns the Report."""
-    from rich.progress import Progress
+def _streamer(console: Any) -> tuple[Any, Any]:
+    """(context manager, on_finding): a rich progress display on a terminal; otherwise one line per
+    property on stderr, printed as each finishes."""
+    import contextlib
 
-    from .api import check
+    from .report import render_finding
 
-    with Progress(console=_console(), transient=True, disable=not sys.stderr.isatty()) as bar:
+    if sys.stderr.isatty():
+        from rich.progress import Progress
+
+        bar = Progress(console=console, transient=True)
         task = bar.add_task("checking")
 
-        def progress(name: str, done: int, total: int) -> None:
-            bar.update(task, description=name or "done", completed=done, total=total)
+        def on_finding(f: Any, done: int, total: int) -> None:
+            bar.update(task, description=f.name, completed=done, total=total)
+            bar.console.print(render_finding(f), markup=False)
 
-        return check(args.target, args.variant, progress=progress, **_check_kwargs(args))
+        return bar, on_finding
+
+    def on_line(f: Any, done: int, total: int) -> None:
+        counter = f"[{done}/{total}] " if total else ""
+        print(f"{counter}{render_finding(f)}", file=sys.stderr, flush=True)
+
+    return contextlib.nullcontext(), on_line
+
+
+def _run_check(args: argparse.Namespace) -> Any:
+    """``api.check`` with results streamed as each property finishes; returns the Report."""
+    from .api import check
+
+    ctx, on_finding = _streamer(_console())
+    with ctx:
+        return check(args.target, args.variant, on_finding=on_finding, **_check_kwargs(args))
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -137,8 +161,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     report = _run_check(args)
-    if args.json:
-        print(json.dumps(report.to_dict(), default=str, sort_keys=True))
+    if args.json:  # standard JSON: non-finite numbers as the strings "inf", "-inf", "nan"
+        print(json.dumps(report.to_dict(), sort_keys=True, allow_nan=False))
     else:
         console = _console()
         console.print(_findings_table(report.summary().splitlines()[0], report.findings))
@@ -151,6 +175,8 @@ def cmd_certify(args: argparse.Namespace) -> int:
 
     report = _run_check(args)
     cert = certificate_of(report, args.target, stem=Path(args.output).stem)
+    if args.sign_key:
+        cert.sign(args.sign_key)
     path = cert.write(args.output)
     console = _console()
     console.print(_findings_table(report.summary().splitlines()[0], report.findings))
@@ -164,26 +190,56 @@ def cmd_certify(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     from .api import verify
 
-    result = verify(args.certificate)
+    result = verify(
+        args.certificate,
+        strict=args.strict,
+        trusted_key=args.trusted_key,
+        isolation="process" if args.isolate else None,
+    )
     console = _console()
-    if result.ok:
-        verdict = "passed" if result.original["passed"] else "failed (as recorded)"
-        console.print(f"{args.certificate}: reproduced ({len(result.original['properties'])} properties, {verdict})")
-        return 0
-    console.print(f"[red]{args.certificate}: did not reproduce[/red]")
-    for d in result.differences:
-        console.print(f"  {d}")
-    return 1
+    n = len(result.original["properties"])
+    if result.signer:
+        trust = "the trusted key" if args.trusted_key else "an untrusted key (pass --trusted-key to check who)"
+        console.print(f"signed by {trust}, fingerprint {result.signer[:16]}", markup=False)
+    for d in result.environment:
+        console.print(f"  environment differs (reported{', fails under --strict' if args.strict else ''}): {d}",
+                      markup=False)
+    if not result.ok:
+        console.print(f"[red]{args.certificate}: did not reproduce: {result.status}[/red]")
+        for d in result.differences:
+            console.print(f"  {d}", markup=False)
+        return 1
+    recorded = "passed" if result.original["passed"] else "failed (as recorded)"
+    console.print(f"{args.certificate}: {result.status} ({n} properties, {recorded})", markup=False)
+    if not result.original["passed"] and not args.accept_recorded_failures:
+        console.print("the certificate records failures: exit 1 (--accept-recorded-failures to accept them)")
+        return 1
+    return 0
+
+
+def cmd_keygen(args: argparse.Namespace) -> int:
+    from .certificate import keygen
+
+    fp = keygen(args.private, args.public)
+    print(f"ed25519 key pair: private {args.private} (keep it secret), public {args.public}; fingerprint {fp[:16]}")
+    return 0
 
 
 def cmd_spectrum(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from . import spectra
+    from .search import check_memory, memory_estimate
     from .strategies import attention_inputs, sample
 
     var = _variants.get(args.variant)
     causal = args.causal or "causal-only" in var.declares
+    check_memory(
+        memory_estimate(args.n, args.d, quadratic=var.features_fn is None),
+        None if args.memory_budget is None else args.memory_budget * 2**30,
+        arg="--n" if args.n >= args.d else "--d",
+        sizes=f"--n {args.n} --d {args.d}",
+    )
     ex = sample(
         attention_inputs(
             var, kinds=[args.kind], min_n=args.n, max_n=args.n, min_d=args.d, max_d=args.d, max_h=1, m=args.m
@@ -262,7 +318,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     console = _console()
-    table, certs, failed = run_demo(seed=args.seed, out=Path(args.output))
+    ctx, on_finding = _streamer(console)
+    with ctx:
+        table, certs, failed = run_demo(seed=args.seed, out=Path(args.output), on_finding=on_finding)
     console.print(table)
     console.print(certs)
     console.print(f"{failed} failed; certificates in {args.output}/; {time.perf_counter() - t0:.1f} s")
@@ -284,6 +342,10 @@ def _add_check_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--examples", type=_positive, default=None, help="examples per property (default: profile's)")
     p.add_argument("--param", action="append", type=_param, help="hyperparameter KEY=VALUE (repeatable)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds one target call may take")
+    p.add_argument(
+        "--isolate", action="store_true", help="run the target in a worker process (killed on timeout or crash)"
+    )
+    p.add_argument("--memory-budget", type=float, default=None, help="GiB the check may use (default 4)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -301,10 +363,21 @@ def build_parser() -> argparse.ArgumentParser:
     ce = sub.add_parser("certify", help="check a target and write a certificate")
     _add_check_options(ce)
     ce.add_argument("-o", "--output", default="certificate.json")
+    ce.add_argument("--sign-key", help="ed25519 private key (PEM, from 'gramcheck keygen') to sign the certificate")
     ce.set_defaults(fn=cmd_certify)
     v = sub.add_parser("verify", help="re-run a certificate; exit 1 on any difference")
     v.add_argument("certificate")
+    v.add_argument("--trusted-key", help="ed25519 public key (PEM): the certificate must be signed by it")
+    v.add_argument("--strict", action="store_true", help="a different environment (versions) fails too")
+    v.add_argument(
+        "--accept-recorded-failures", action="store_true", help="exit 0 when a certificate reproduces its failures"
+    )
+    v.add_argument("--isolate", action="store_true", help="run the target in a worker process")
     v.set_defaults(fn=cmd_verify)
+    k = sub.add_parser("keygen", help="write an ed25519 key pair for signing certificates")
+    k.add_argument("private")
+    k.add_argument("public")
+    k.set_defaults(fn=cmd_keygen)
     s = sub.add_parser("spectrum", help="spectral diagnostics of generated inputs")
     s.add_argument("--variant", required=True, choices=_variants.names())
     s.add_argument("--n", type=_positive, default=64)
@@ -316,6 +389,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--normalised", action="store_true", help="the row-normalised weight matrix instead of A")
     s.add_argument("--param", action="append", type=_param)
     s.add_argument("--plot", help="write a PNG of the singular values (needs matplotlib)")
+    s.add_argument("--memory-budget", type=float, default=None, help="GiB the spectra may use (default 4)")
     s.set_defaults(fn=cmd_spectrum)
     d = sub.add_parser("demo", help="check every built-in variant; table and certificates")
     d.add_argument("--seed", type=int, default=0)
@@ -325,6 +399,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # targets in the working directory import as they do under `python -m gramcheck` and pytest
+    if "" not in sys.path and str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
     args = build_parser().parse_args(argv)
     from .certificate import CertificateError
 

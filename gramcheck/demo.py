@@ -4,7 +4,8 @@ certificates to ./certificates/."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -73,8 +74,11 @@ def form_findings(
                     yield f
 
 
-def run_demo(seed: int = 0, out: Path = Path("certificates")) -> tuple[Any, Any, int]:
-    """(forms table, certificates table, number of unexpected failures)."""
+def run_demo(
+    seed: int = 0, out: Path = Path("certificates"), on_finding: Callable[[Finding, int, int], None] | None = None
+) -> tuple[Any, Any, int]:
+    """(forms table, certificates table, number of unexpected failures); ``on_finding(finding, done,
+    total)`` is called as each form check and each certified property finishes (progress)."""
     from rich.table import Table
 
     from .api import certify
@@ -84,6 +88,8 @@ def run_demo(seed: int = 0, out: Path = Path("certificates")) -> tuple[Any, Any,
         forms.add_column(col, justify="right" if col in ("max err", "err/bound") else "left")
     failed = 0
     for f in form_findings(seed=seed):
+        if on_finding is not None:
+            on_finding(f, 0, 0)
         d = f.details
         failed += not f.passed
         forms.add_row(
@@ -106,7 +112,12 @@ def run_demo(seed: int = 0, out: Path = Path("certificates")) -> tuple[Any, Any,
         kinds = BOUNDED_KINDS if "random-features" in var.declares else None
         path = out / f"{var.name}.json"
         cert = certify(
-            f"builtin:{var.name}", causal=causal, seed=seed, domain={**DEMO_DOMAIN, "kinds": kinds}, out=str(path)
+            f"builtin:{var.name}",
+            causal=causal,
+            seed=seed,
+            domain={**DEMO_DOMAIN, "kinds": kinds},
+            out=str(path),
+            on_finding=None if on_finding is None else _prefixed(on_finding, var.name),
         )
         entries = cert.data["properties"]
         bad = [e["property"] for e in entries if e["verdict"] == "fail"]
@@ -131,3 +142,10 @@ def run_demo(seed: int = 0, out: Path = Path("certificates")) -> tuple[Any, Any,
             str(path),
         )
     return forms, certs, failed
+
+
+def _prefixed(on_finding: Callable[[Finding, int, int], None], label: str) -> Callable[[Finding, int, int], None]:
+    def call(f: Finding, done: int, total: int) -> None:
+        on_finding(replace(f, name=f"{label}: {f.name}"), done, total)
+
+    return call

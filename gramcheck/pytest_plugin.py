@@ -69,17 +69,13 @@ def attention_suite(
     """A pytest test function, parametrized over the properties gramcheck checks for ``target`` as an
     implementation of ``variant`` (the same arguments as ``gramcheck.check``)."""
     from . import properties as _properties
-    from .api import make_target, target_spec
+    from .api import make_target, select_properties, target_spec
 
     t = make_target(target, variant, dtype=dtype, device=device, params=params, timeout=timeout)
     t.variant.check_causal(causal)
-    names = (
-        list(properties)
-        if properties
-        else [p.name for p in _properties.applicable(t.variant, causal, dict(t.params), dtype=t.dtype)]
-    )
-    for n in names:
-        _properties.get(n)
+    # the same selection, order and record as ``check``, so the certificate has the CLI's bytes
+    names = [p.name for p in select_properties(t.variant, causal, dict(t.params), t.dtype, properties or None)]
+    requested = list(names) if properties else None
     spec = target_spec(target)
     key = json.dumps([spec, t.variant.name, causal, t.dtype, device, sorted((params or {}).items())], default=str)
 
@@ -99,16 +95,26 @@ def attention_suite(
         )
         getattr(cfg, _RESULTS_KEY, {}).setdefault(
             key,
-            {"spec": spec, "target": t, "causal": causal, "profile": prof, "seed": sd, "domain": dom, "findings": []},
+            {
+                "spec": spec,
+                "target": t,
+                "causal": causal,
+                "profile": prof,
+                "seed": sd,
+                "domain": dom,
+                "findings": [],
+                "order": names,
+                "requested": requested,
+            },
         )["findings"].append(finding)
         if not finding.passed:
+            from .report import render_finding
+
             msg = [
                 f"gramcheck: {gramcheck_property} failed for {t.name} as {t.variant.name} "
                 f"({'causal' if causal else 'non-causal'}, {t.dtype}, profile {prof}, seed {sd})",
-                f"measured {finding.measured:.6g} > bound {finding.bound:.6g}",
+                render_finding(finding, width=2000),
             ]
-            if finding.failure:
-                msg.append(f"target failure [{finding.failure}]: {finding.details.get('error', '')}")
             if finding.counterexample:
                 msg.append(f"shrunk counterexample: {finding.counterexample}")
             pytest.fail("\n".join(msg), pytrace=False)
@@ -132,7 +138,7 @@ def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
     for r in results.values():
         t = r["target"]
         slug = _slug(f"{r['spec']}-{t.variant.name}-{'causal' if r['causal'] else 'full'}-{t.dtype}")
-        findings = sorted(r["findings"], key=lambda f: f.name)
+        findings = sorted(r["findings"], key=lambda f: r["order"].index(f.name))
         report = Report(
             t.name,
             t.variant.name,
@@ -144,6 +150,7 @@ def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
             r["domain"].to_dict(),
             findings,
             params=dict(t.overrides),
+            requested=r["requested"],
         )
         cert = certificate_of(report, t, spec=r["spec"], stem=slug)
         for name, blob in cert.attachments.items():
@@ -160,7 +167,11 @@ def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
     for slug, parts in groups.items():
         merged = dict(parts[0])
         entries = {e["property"]: e for p in parts for e in p["properties"]}
-        merged["properties"] = [entries[k] for k in sorted(entries)]
+        from . import properties as _properties
+
+        # the order check runs them in: as requested, else the catalogue's
+        order = {n: i for i, n in enumerate(merged.get("requested") or _properties.names())}
+        merged["properties"] = [entries[k] for k in sorted(entries, key=lambda n: (order.get(n, len(order)), n))]
         merged["passed"] = all(e["verdict"] == "pass" for e in merged["properties"])
         merged.pop("content_hash", None)
         merged["content_hash"] = content_hash(merged)

@@ -8,6 +8,49 @@ from typing import Any
 from .findings import Finding
 
 
+def _num(x: Any) -> str:
+    return f"{x:.3g}" if isinstance(x, (int, float)) else str(x)
+
+
+def render_finding(f: Finding, *, width: int = 160) -> str:
+    """One line for a Finding: verdict, the ratio against its bound, and where the details have them the
+    error and the tolerance in their own units with the entry where it happened (worst_error,
+    worst_bound, worst_index), the target's failure kind with its message (truncated to ``width``), and
+    the counterexample's kind and shape. The CLI, the pytest plugin and ``Report.summary`` all use it."""
+    d = f.details
+    verdict = "FAIL" if f.verdict == "fail" else f.verdict
+    parts = [f"{verdict} {f.name}: measured {_num(f.measured)} vs bound {_num(f.bound)}"]
+    if "worst_error" in d and "worst_bound" in d:
+        where = f" at entry {tuple(d['worst_index'])}" if d.get("worst_index") is not None else ""
+        parts.append(f"(error {_num(d['worst_error'])} vs tolerance {_num(d['worst_bound'])}{where})")
+    if f.failure:
+        msg = str(d.get("error", ""))
+        if len(msg) > width:
+            msg = msg[: width - 3] + "..."
+        parts.append(f"[{f.failure}: {msg}]" if msg else f"[{f.failure}]")
+    if not f.passed and f.counterexample:
+        ce = f.counterexample
+        parts.append(f"counterexample {ce.get('kind', '')} shape {ce.get('shape', '')}")
+    return " ".join(parts)
+
+
+def note(f: Finding, *, width: int = 80) -> str:
+    """The table's note column: the failure kind and its message (truncated), or the error in its own
+    units, and the counterexample's kind and shape."""
+    d = f.details
+    out = []
+    if f.failure:
+        msg = str(d.get("error", ""))
+        out.append(f"{f.failure}: {msg[: width - 3] + '...' if len(msg) > width else msg}")
+    elif "worst_error" in d and "worst_bound" in d:
+        where = f" at {tuple(d['worst_index'])}" if d.get("worst_index") is not None else ""
+        out.append(f"err {_num(d['worst_error'])} tol {_num(d['worst_bound'])}{where}")
+    if not f.passed and f.counterexample:
+        ce = f.counterexample
+        out.append(f"{ce.get('kind', '')} shape={ce.get('shape', '')}")
+    return " ".join(out)
+
+
 class PropertyFailure(AssertionError):
     """Raised by ``Report.raise_for_failures``; the message lists each failing Finding with its
     counterexample."""
@@ -25,6 +68,8 @@ class Report:
     domain: dict[str, Any]
     findings: list[Finding] = field(default_factory=list)
     params: dict[str, Any] = field(default_factory=dict)
+    # the property names asked for; None: every applicable property
+    requested: list[str] | None = None
 
     @property
     def passed(self) -> bool:
@@ -46,9 +91,7 @@ class Report:
         head = f"{self.target} as {self.variant} ({setting})"
         lines = [head]
         for f in self.findings:
-            verdict = "pass" if f.passed else "FAIL"
-            kind = f" [{f.failure}]" if f.failure else ""
-            lines.append(f"  {verdict:4s} {f.name:26s} measured {f.measured:.3g} bound {f.bound:.3g}{kind}")
+            lines.append("  " + render_finding(f))
         lines.append(f"  {len(self.findings) - len(self.failures)} passed, {len(self.failures)} failed")
         return "\n".join(lines)
 
@@ -57,15 +100,17 @@ class Report:
             return
         parts = [self.summary()]
         for f in self.failures:
-            parts.append(f"\n{f.name}: measured {f.measured:.6g} > bound {f.bound:.6g}")
-            if f.failure:
-                parts.append(f"  target failure: {f.failure}: {f.details.get('error', '')}")
+            parts.append("\n" + render_finding(f, width=2000))
             if f.counterexample:
                 parts.append(f"  counterexample: {f.counterexample}")
         raise PropertyFailure("\n".join(parts))
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        """JSON-ready (standard JSON: non-finite numbers as the strings "inf", "-inf", "nan", the
+        certificate's convention)."""
+        from .certificate import _plain
+
+        return _plain({
             "target": self.target,
             "variant": self.variant,
             "causal": self.causal,
@@ -76,5 +121,6 @@ class Report:
             "domain": self.domain,
             "params": self.params,
             "passed": self.passed,
+            "requested": self.requested,
             "findings": [f.to_dict() for f in self.findings],
-        }
+        })

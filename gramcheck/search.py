@@ -1,12 +1,18 @@
 """The search: run one property over inputs drawn by Hypothesis, climb toward the worst case with
 ``hypothesis.target``, and return the worst Finding (the shrunk counterexample when one fails).
 
-Determinism: the examples are a function of ``seed`` and the profile (no example database), so the same
-seed, target and versions give the same Findings."""
+Determinism: the examples are a function of ``seed``, the profile and the Hypothesis version, and of nothing
+else: no example database, ``@seed(seed)`` with ``derandomize=False`` (derandomize=True would take the seed
+from the test function's source and ignore ``seed``), and Hypothesis's harvest of literal constants from
+"local" modules (every module outside site-packages and the standard library that happens to be imported,
+e.g. the working directory's) switched off while a property runs (``_no_local_constants``). So the same
+seed, target and versions give the same Findings from any working directory."""
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +56,20 @@ class Domain:
         if self.kinds is not None:
             object.__setattr__(self, "kinds", tuple(self.kinds))
 
+    def memory_estimate(self, variant: Any) -> int:
+        """Bytes the largest input may need: ``memory_estimate`` at max_b, max_h, max_n, max_d."""
+        return memory_estimate(self.max_n, self.max_d, b=self.max_b, h=self.max_h)
+
+    def check_memory(self, variant: Any = None, *, budget: float | None = None) -> None:
+        """A ValueError naming the size argument when ``memory_estimate`` exceeds ``budget`` bytes
+        (default MEMORY_BUDGET)."""
+        check_memory(
+            self.memory_estimate(variant),
+            budget,
+            arg="domain.max_n" if self.max_n >= self.max_d else "domain.max_d",
+            sizes=f"max_n={self.max_n}, max_d={self.max_d}, max_b={self.max_b}, max_h={self.max_h}",
+        )
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "kinds": list(self.kinds) if self.kinds else None,
@@ -64,6 +84,56 @@ class Domain:
 
 
 EXAMPLES_PER_UNDRAWN_KIND = 2
+
+MEMORY_BUDGET = 4 * 2**30  # bytes; check(memory_budget=...) or the CLI's --memory-budget (GiB) changes it
+# float64 arrays the check may hold at once per head: N x N ones (weights, their ball radii, masks, the
+# Jacobian's blocks) and N x d ones (inputs, outputs, features, gradients, copies for the target)
+_QUADRATIC_ARRAYS = 8
+_LINEAR_ARRAYS = 32
+
+
+def memory_estimate(n: int, d: int, *, b: int = 1, h: int = 1, quadratic: bool = True) -> int:
+    """Bytes for float64 work arrays at batch b, heads h, length n, head dimension d:
+    8 b h (8 n^2 [if quadratic] + 32 n d)."""
+    return 8 * b * h * ((_QUADRATIC_ARRAYS * n * n if quadratic else 0) + _LINEAR_ARRAYS * n * d)
+
+
+def _gib(x: float) -> str:
+    return f"{x / 2**30:.3g} GiB"
+
+
+def check_memory(need: int, budget: float | None, *, arg: str, sizes: str) -> None:
+    budget = MEMORY_BUDGET if budget is None else budget
+    if need > budget:
+        raise ValueError(
+            f"{arg}: {sizes} would need about {_gib(need)} (estimated as 8 B H (8 N^2 + 32 N d) bytes); "
+            f"the memory budget is {_gib(budget)} (memory_budget=, or --memory-budget GiB)"
+        )
+
+
+@contextlib.contextmanager
+def _no_local_constants() -> Iterator[None]:
+    """Hypothesis (6.13x and later) mixes literal constants harvested from "local" modules into its draws
+    (``providers._get_local_constants``): which modules are local depends on the working directory and
+    on what was imported, so the example stream did too. Hand it no local constants while gramcheck
+    searches (the cache of permitted constants is cleared on entry and on exit)."""
+    try:
+        from hypothesis.internal.conjecture import providers
+    except ImportError:  # pragma: no cover - a Hypothesis without the provider module
+        yield
+        return
+    real = getattr(providers, "_get_local_constants", None)
+    if real is None:  # pragma: no cover - a Hypothesis from before local constants
+        yield
+        return
+    empty = providers.Constants()
+    providers.CONSTANTS_CACHE.cache.clear()
+    providers._get_local_constants = lambda: empty
+    try:
+        yield
+    finally:
+        providers._get_local_constants = real
+        providers.CONSTANTS_CACHE.cache.clear()
 
 
 class _Failed(Exception):
@@ -101,10 +171,8 @@ def run_property(
     base = profile(profile_name)
 
     def cfg(examples: int) -> settings:
-        return settings(
+        return settings(  # seeded through @hseed below; the profiles are not derandomised (strategies.PROFILES)
             base,
-            derandomize=False,
-            database=None,
             max_examples=examples,
             suppress_health_check=list(HealthCheck),
             report_multiple_bugs=False,
@@ -120,12 +188,12 @@ def run_property(
         @cfg(examples)
         @given(strategy(ks))
         def run(ex: Any) -> None:
-            # a hanging target is not called again: shrinking would wait out every call
+            # a hanging or crashing target is not called again: shrinking would wait out (or restart) every call
             f = timed_out[0] if timed_out else prop.fn(target, ex, causal=causal)
             if f is None:
                 reject()
             drawn.add(ex.kind)
-            if f.failure == "timeout" and not timed_out:
+            if f.failure in ("timeout", "crashed") and not timed_out:
                 f.details["examples"] = count[0] + 1  # the calls made; later ones replay this finding
                 timed_out.append(f)
             count[0] += 1
@@ -142,13 +210,14 @@ def run_property(
             pass  # no input of these kinds met the premise; the others may have
 
     try:
-        search(kinds, domain.examples or base.max_examples)
-        # hypothesis.target steers the examples toward the kinds that scored high: unless the domain fixes
-        # the number of examples, every kind the search never drew gets examples of its own, so that no
-        # kind of the domain goes unchecked
-        if domain.examples is None:
-            for k in [k for k in kinds if k not in drawn]:
-                search((k,), EXAMPLES_PER_UNDRAWN_KIND)
+        with _no_local_constants():
+            search(kinds, domain.examples or base.max_examples)
+            # hypothesis.target steers the examples toward the kinds that scored high: unless the domain
+            # fixes the number of examples, every kind the search never drew gets examples of its own, so
+            # that no kind of the domain goes unchecked
+            if domain.examples is None:
+                for k in [k for k in kinds if k not in drawn]:
+                    search((k,), EXAMPLES_PER_UNDRAWN_KIND)
     except _Failed as failed:
         f = timed_out[0] if timed_out else failed.finding
         f.details.setdefault("examples", count[0])

@@ -4,14 +4,22 @@ A target is a callable ``fn(q, k, v, *, causal, **extras) -> o`` on torch tensor
 in one dtype and on one device (extras: ``g`` log-decays (B, H, N, d_k), ``projection`` (m, d_k)),
 returning o of shape (B, H, N, d_v) in the same dtype. ``Target`` wraps it with the variant it claims to
 implement (whose reference is the truth) and the hyperparameters it implements, and turns everything
-the callable can do wrong into a ``TargetError`` with a kind (raised, timeout, wrong-type, wrong-shape,
-wrong-dtype, wrong-device, mutates-inputs), which properties report as a failing Finding.
+the callable can do wrong into a ``TargetError`` with a kind (FAILURE_KINDS), which properties report as a
+failing Finding.
+
+Isolation: 'thread' runs the calls on one daemon worker thread of this process (a hung call is abandoned;
+``os._exit`` in the target ends the whole run); 'process' runs them in a worker process (spawned once,
+killed after a timeout and restarted, a crash is a "crashed" Finding and the run goes on). Calls whose
+inputs require gradients run in this process either way: autograd graphs do not cross processes.
+SystemExit raised by a target is a "raised" Finding; KeyboardInterrupt is never swallowed.
 """
 
 from __future__ import annotations
 
 import importlib
+import pickle
 import threading
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,9 +30,15 @@ from . import variants as _variants
 from .precision import dtype_name
 from .variants.spec import Variant
 
+ISOLATIONS = ("thread", "process")
+# measured (benchmarks/RESULTS.md, "target isolation"): a worker process costs a spawn with a torch import
+# per target and a pickle round trip per call; see the README for the figure that set this default
+DEFAULT_ISOLATION = "thread"
+
 FAILURE_KINDS = (
-    "raised",
-    "timeout",
+    "raised",  # raised an exception (SystemExit included; the type is named)
+    "timeout",  # did not return within the timeout (its thread was abandoned or its process killed)
+    "crashed",  # the worker process ended (os._exit, a signal, a segfault): exit code or signal named
     "wrong-type",
     "wrong-shape",
     "wrong-dtype",
@@ -64,6 +78,10 @@ class Target:
     # one persistent worker thread runs the calls (a new thread per call cost 4x the calls themselves:
     # torch sets up per-thread state each time; benchmarks/RESULTS.md); replaced after a timeout
     _executor: Any = field(default=None, init=False, repr=False, compare=False)
+    # how a worker process re-creates fn: ("import", "module:attr"), ("builtin", kwargs) or ("pickle", bytes)
+    rebuild: tuple[str, Any] | None = field(default=None, repr=False, compare=False)
+    isolation: str = field(default="thread", compare=False)
+    _process: Any = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.variant = _variants.get(self.variant)
@@ -94,11 +112,14 @@ class Target:
         torch = _torch()
         inputs = {"q": q, "k": k, "v": v, **extras}
         before = {n: t.detach().clone() for n, t in inputs.items()}
-        if self.timeout is None:
+        grad = any(getattr(t, "requires_grad", False) for t in inputs.values())
+        if self.isolation == "process" and not grad:
+            out = self._call_in_process(q, k, v, causal, extras)
+        elif self.timeout is None:
             try:
                 out = self.fn(q, k, v, causal=causal, **extras)
-            except Exception as exc:  # noqa: BLE001 - everything the target raises is a finding
-                raise TargetError("raised", f"{self.name} raised {type(exc).__name__}: {exc}") from exc
+            except (Exception, SystemExit) as exc:  # noqa: BLE001 - everything the target raises is a finding
+                raise TargetError("raised", f"{self.name} raised {_describe(exc)}") from exc
         else:
             out = self._call_with_timeout(q, k, v, causal, extras)
         for n, t in inputs.items():
@@ -126,10 +147,59 @@ class Target:
             # process alive) and start a fresh one for the next call
             self._executor = None
             raise TargetError("timeout", f"{self.name} did not return within {self.timeout:g} s")
+        if "interrupt" in box:
+            raise box["interrupt"]  # never swallowed
         if "exc" in box:
             exc = box["exc"]
-            raise TargetError("raised", f"{self.name} raised {type(exc).__name__}: {exc}") from exc
+            raise TargetError("raised", f"{self.name} raised {_describe(exc)}") from exc
         return box["out"]
+
+    # ------------------------------------------------------------------------------------------------
+    def isolated(self) -> Target:
+        """This target with process isolation where a worker process can re-create fn (``rebuild``);
+        otherwise (a local callable that cannot be pickled) it stays on the thread, with a warning."""
+        if self.rebuild is None:
+            try:
+                blob = pickle.dumps(self.fn)
+            except Exception as exc:  # noqa: BLE001 - any pickling failure means: no worker process
+                warnings.warn(
+                    f"isolation: {self.name} cannot be sent to a worker process ({type(exc).__name__}: {exc}); "
+                    "it runs on a worker thread instead (give it as 'module:attr' to isolate it)",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+                return self
+            self.rebuild = ("pickle", blob)
+        self.isolation = "process"
+        return self
+
+    def close(self) -> None:
+        """Stop the worker process, if any."""
+        proc, self._process = self._process, None
+        if proc is not None:
+            proc.stop()
+
+    def _call_in_process(self, q: Any, k: Any, v: Any, causal: bool, extras: dict[str, Any]) -> Any:
+        if self._process is None:
+            self._process = _ProcessWorker(self.rebuild, self.name)
+        proc = self._process
+        status, payload = proc.call((q, k, v), {"causal": causal, **extras}, self.timeout)
+        if status in ("timeout", "crashed"):
+            self._process = None  # killed or dead: the next call starts a fresh worker
+        if status == "ok":
+            out, mutated = payload
+            if mutated:
+                raise TargetError("mutates-inputs", f"{self.name} changed its input {mutated[0]!r} in place")
+            return out
+        if status == "interrupt":
+            raise KeyboardInterrupt(payload)
+        if status == "timeout":
+            raise TargetError(
+                "timeout", f"{self.name} did not return within {self.timeout:g} s (worker process killed)"
+            )
+        if status == "crashed":
+            raise TargetError("crashed", f"{self.name} ended its worker process: {payload}")
+        raise TargetError(status, f"{self.name} {payload}")
 
     def __call__(self, q: Any, k: Any, v: Any, *, causal: bool, dtype: str | None = None, **extras: Any) -> np.ndarray:
         """Run on float64 arrays (representable in the dtype); returns float64 NumPy."""
@@ -157,7 +227,9 @@ class _Worker:
             fn, done, box = self._tasks.get()
             try:
                 box["out"] = fn()
-            except Exception as exc:  # noqa: BLE001 - reported by the caller as a finding
+            except KeyboardInterrupt as exc:  # handed back to the caller, who re-raises it
+                box["interrupt"] = exc
+            except (Exception, SystemExit) as exc:  # noqa: BLE001 - reported by the caller as a finding
                 box["exc"] = exc
             done.set()
 
@@ -165,6 +237,159 @@ class _Worker:
         done, box = threading.Event(), dict[str, Any]()
         self._tasks.put((fn, done, box))
         return done, box
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, SystemExit):
+        return f"SystemExit (exit code {exc.code!r})"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _rebuild_fn(rebuild: tuple[str, Any]) -> Callable[..., Any]:
+    how, what = rebuild
+    if how == "import":
+        return resolve(what)[0]
+    if how == "builtin":
+        return builtin(**what).fn
+    return pickle.loads(what)
+
+
+def _worker_main(conn: Any, rebuild: tuple[str, Any]) -> None:
+    """The worker process: re-create fn, then answer calls until told to stop (None)."""
+    import torch
+
+    torch.set_num_threads(1)
+    try:
+        fn = _rebuild_fn(rebuild)
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which falls back to a thread
+        conn.send(("error", _describe(exc)))
+        return
+    conn.send(("ready", None))
+    while True:
+        msg = conn.recv()
+        if msg is None:
+            return
+        args, kwargs = msg
+        tensors = dict(zip("qkv", args, strict=True))
+        tensors.update({n: t for n, t in kwargs.items() if isinstance(t, torch.Tensor)})
+        before = {n: t.clone() for n, t in tensors.items()}
+        try:
+            out = fn(*args, **kwargs)
+        except KeyboardInterrupt as exc:
+            conn.send(("interrupt", str(exc)))
+            continue
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - a finding
+            conn.send(("raised", f"raised {_describe(exc)}"))
+            continue
+        mutated = [n for n, t in tensors.items() if not torch.equal(t, before[n])]
+        try:
+            conn.send(("ok", (out, mutated)))
+        except Exception as exc:  # noqa: BLE001 - an output that cannot be sent back
+            conn.send(("wrong-type", f"returned a {type(out).__name__} that cannot be sent back ({exc})"))
+
+
+class _Pipe:
+    """One end of two OS pipes carrying plain pickles (not multiprocessing's, whose torch reductions
+    pass shared-memory handles that a separate interpreter cannot open)."""
+
+    def __init__(self, read_fd: int | None, write_fd: int | None):
+        from multiprocessing.connection import Connection
+
+        self._r = None if read_fd is None else Connection(read_fd, writable=False)
+        self._w = None if write_fd is None else Connection(write_fd, readable=False)
+
+    def send(self, obj: Any) -> None:
+        self._w.send_bytes(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))  # type: ignore[union-attr]
+
+    def recv(self) -> Any:
+        return pickle.loads(self._r.recv_bytes())  # type: ignore[union-attr]
+
+    def poll(self, timeout: float | None) -> bool:
+        return self._r.poll(timeout)  # type: ignore[union-attr]
+
+    def close(self) -> None:
+        for c in (self._r, self._w):
+            if c is not None:
+                c.close()
+
+
+def _worker_entry(read_fd: int, write_fd: int) -> None:
+    """Entry point of a worker process started by ``_ProcessWorker`` (a fresh interpreter: the parent's
+    ``__main__`` is not re-run, unlike multiprocessing's spawn)."""
+    import sys
+
+    conn = _Pipe(read_fd, write_fd)
+    path, rebuild = conn.recv()
+    sys.path[:] = path
+    _worker_main(conn, rebuild)
+
+
+class _ProcessWorker:
+    """A worker interpreter (``python -c``) running ``_worker_main``; ``call`` returns (status, payload)."""
+
+    def __init__(self, rebuild: tuple[str, Any] | None, name: str):
+        import os
+        import subprocess
+        import sys
+
+        if rebuild is None:
+            raise ValueError(f"isolation: {name} has no way to be re-created in a worker process")
+        to_child_r, to_child_w = os.pipe()
+        from_child_r, from_child_w = os.pipe()
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        code = f"from gramcheck.targets import _worker_entry; _worker_entry({to_child_r}, {from_child_w})"
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", code], pass_fds=(to_child_r, from_child_w), env=env, stdin=subprocess.DEVNULL
+        )
+        os.close(to_child_r)
+        os.close(from_child_w)
+        self._send = _Pipe(None, to_child_w)
+        self._conn = _Pipe(from_child_r, None)
+        self._send.send((list(sys.path), rebuild))
+        try:
+            status, payload = self._conn.recv()
+        except EOFError:
+            code_ = self._proc.wait(5)
+            raise ValueError(
+                f"isolation: the worker process for {name} ended while starting (exit code {code_})"
+            ) from None
+        if status != "ready":
+            self.stop()
+            raise ValueError(f"isolation: the worker process cannot re-create {name}: {payload}")
+
+    def call(self, args: tuple[Any, ...], kwargs: dict[str, Any], timeout: float | None) -> tuple[str, Any]:
+        try:
+            self._send.send((args, kwargs))
+            if not self._conn.poll(timeout):
+                self.stop(kill=True)
+                return "timeout", None
+            return self._conn.recv()
+        except (EOFError, BrokenPipeError, ConnectionResetError):
+            try:
+                code = self._proc.wait(5)
+            except Exception:  # noqa: BLE001 - still alive after closing its pipe: killed below
+                code = None
+            self.stop(kill=True)
+            if code is not None and code < 0:
+                import signal
+
+                return "crashed", f"killed by signal {signal.Signals(-code).name}"
+            return "crashed", f"exited with code {code}"
+
+    def stop(self, kill: bool = False) -> None:
+        import subprocess
+
+        if self._proc.poll() is None and not kill:
+            try:
+                self._send.send(None)
+                self._proc.wait(2)
+            except (BrokenPipeError, OSError, subprocess.TimeoutExpired):
+                pass
+        if self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait(5)
+        self._send.close()
+        self._conn.close()
 
 
 def builtin(
@@ -179,7 +404,12 @@ def builtin(
         return var.torch(q, k, v, causal=causal, form=use, chunk_size=chunk_size, **params, **extras)
 
     fn.__qualname__ = f"builtin:{var.name}" + (f"[{form}]" if form else "")
-    return Target(fn, var, dtype=dtype_name(dtype), params=params, name=fn.__qualname__)
+    t = Target(fn, var, dtype=dtype_name(dtype), params=params, name=fn.__qualname__)
+    t.rebuild = (
+        "builtin",
+        {"variant": var.name, "form": form, "chunk_size": chunk_size, "dtype": t.dtype, **params},
+    )
+    return t
 
 
 def resolve(spec: Any) -> tuple[Callable[..., Any], str | None]:

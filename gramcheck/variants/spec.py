@@ -43,6 +43,10 @@ RECURRENCES = (
 )
 
 
+# hyperparameters that must be > 0 wherever a variant has them
+_POSITIVE_PARAMS = ("scale", "tau", "gate_tau", "divisor", "gain", "block_size", "temperature", "gamma")
+
+
 @dataclass(frozen=True)
 class Variant:
     """An attention variant: its hyperparameters, its extra inputs, its reference and torch forms, and
@@ -104,7 +108,43 @@ class Variant:
             )
         if "scale" in overrides:
             check_scale(overrides["scale"])
+        self.validate_params({k: v for k, v in overrides.items() if k != "scale"})
         return {**self.params, **overrides}
+
+    def validate_params(self, overrides: Mapping[str, Any]) -> None:
+        """Each override has the kind of its default (bool, string, number); numbers are finite, names
+        ending in 'eps' are >= 0 and the scale-like ones (_POSITIVE_PARAMS) > 0. A string for a number
+        is refused (the scale's rules in d are checked by ``hyperparams.check_scale``); None-default
+        parameters also take None or a per-head list. A wrong kind is a TypeError, a wrong value a
+        ValueError, both naming the parameter."""
+        import math
+
+        for name, value in overrides.items():
+            default = self.params.get(name)
+            where = f"{name}: got {value!r} for variant {self.name!r}"
+            if isinstance(default, bool):
+                if not isinstance(value, bool):
+                    raise TypeError(f"{where}; expected true or false")
+                continue
+            if isinstance(default, str):
+                if not isinstance(value, str):
+                    raise TypeError(f"{where}; expected a string such as {default!r}")
+                continue
+            if default is not None and not isinstance(default, (int, float)):
+                continue
+            if value is None and default is None:
+                continue
+            if default is None and isinstance(value, (list, tuple)):
+                continue  # per-head values: checked by the variant's forms
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"{where} ({type(value).__name__}); expected a number (default {default!r})")
+            if not math.isfinite(value):
+                raise ValueError(f"{where}; expected a finite number")
+            if name.endswith("eps") and value < 0:
+                raise ValueError(f"{where}; expected a number >= 0")
+            if name in _POSITIVE_PARAMS and value <= 0:
+                raise ValueError(f"{where}; expected a number > 0")
+
 
     def tags(self, params: Mapping[str, Any] | None = None) -> frozenset[str]:
         """The property tags that hold with hyperparameters ``params`` (defaults where not given)."""
