@@ -35,16 +35,51 @@ def ref_normalised(ar: Any, fq: Any, fk: Any, v: Any, *, causal: bool, eps: floa
     return ar.div(ar.matmul(a, v), ar.sum(a, axis=-1, keepdims=True) + eps)
 
 
-def gated_recurrence(ar: Any, q: Any, k: Any, v: Any, alpha: Any) -> Any:
+def gated_recurrence(
+    ar: Any, q: Any, k: Any, v: Any, alpha: Any, initial_state: Any = None, output_final_state: bool = False
+) -> Any:
     """S_t = diag(alpha_t) S_{t-1} + k_t v_t^T, o_t = S_t^T q_t, one token at a time (the definition of
-    every gated linear recurrence). alpha (B, H, N, d_k) or (B, H, N, 1), already exponentiated."""
+    every gated linear recurrence), from S_0 = ``initial_state`` (B, H, d_k, d_v) or 0. alpha
+    (B, H, N, d_k) or (B, H, N, 1), already exponentiated (None: no decay). Returns o (B, H, N, d_v), or
+    (o, S_N) when ``output_final_state``."""
     B, H, N, dk = q.shape
-    state = ar.zeros((B, H, dk, v.shape[-1]))
+    state = ar.zeros((B, H, dk, v.shape[-1])) if initial_state is None else initial_state
     outs = []
     for t in range(N):
-        state = alpha[:, :, t, :, None] * state + k[:, :, t, :, None] * v[:, :, t, None, :]
+        update = k[:, :, t, :, None] * v[:, :, t, None, :]
+        state = update + (state if alpha is None else alpha[:, :, t, :, None] * state)
         outs.append(ar.matmul(q[:, :, t, None, :], state)[:, :, 0, :])
-    return ar.stack(outs, axis=2)
+    out = ar.stack(outs, axis=2)
+    return (out, state) if output_final_state else out
+
+
+def torch_state_terms(
+    q: Any, k: Any, v: Any, g: Any, out: Any, initial_state: Any = None, output_final_state: bool = False
+) -> Any:
+    """State passing for a torch form of the causal gated recurrence whose output ``out`` started from
+    S_0 = 0: by linearity in S_0, with b_t = sum_{r<=t} g_r (float64),
+
+        o_t += (q_t * exp(b_t))^T S_0,    S_N = diag(exp(b_N)) S_0 + sum_s (k_s * exp(b_N - b_s)) v_s^T,
+
+    every exponent <= 0. q, k (B, H, N, d_k), v (B, H, N, d_v), g log-decays (B, H, N, d_k or 1) or None;
+    the state accumulates in at least float32 and is returned in that dtype (as fla's kernels do)."""
+    torch = _torch()
+    acc = torch.promote_types(q.dtype, torch.float32)
+    B, H, N, dk = q.shape
+    if g is None:
+        b = q.new_zeros(B, H, N, 1, dtype=torch.float64)
+    else:
+        b = g.to(torch.float64 if q.device.type != "mps" else torch.float32).cumsum(-2)
+    if initial_state is not None:
+        s0 = initial_state.to(acc)
+        out = (out.to(acc) + (q.to(acc) * b.exp().to(acc)) @ s0).to(q.dtype)
+    if not output_final_state:
+        return out
+    last = b[:, :, -1:, :]
+    final = (k.to(acc) * (last - b).exp().to(acc)).transpose(-1, -2) @ v.to(acc)
+    if initial_state is not None:
+        final = final + last[:, :, 0, :, None].exp().to(acc) * initial_state.to(acc)
+    return out, final
 
 
 def ref_normalised_gated(ar: Any, fq: Any, fk: Any, v: Any, g: Any, *, eps: float = 0.0) -> Any:

@@ -1,6 +1,6 @@
 """Gated Linear Attention (Yang et al., ICML 2024).
 
-    S_t = diag(alpha_t) S_{t-1} + k_t v_t^T,   o_t = S_t^T (s q_t),   S_0 = 0,   S_t in R^{d_k x d_v}
+    S_t = diag(alpha_t) S_{t-1} + k_t v_t^T,   o_t = S_t^T (s q_t),   S_0 = 0 or initial_state,   S_t in R^{d_k x d_v}
 
 with per-channel data-dependent decays alpha_t in (0, 1]^{d_k}, given as log-decays g_t = log alpha_t
 <= 0 (input ``g`` of shape (B, H, N, d_k)). The paper's gate normaliser alpha = sigmoid(z)^{1/tau}
@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..forms import linear_recurrence
-from .common import gated_recurrence
+from .common import gated_recurrence, torch_state_terms
 from .spec import Variant
 
 
@@ -24,15 +24,41 @@ def gate_from_logits(ar: Any, z: Any) -> Any:
     return ar.minimum(z, 0.0) - ar.log(1.0 + ar.exp(-ar.abs(z)))
 
 
-def reference(ar: Any, q: Any, k: Any, v: Any, *, causal: bool, g: Any, scale: float, gate_tau: float) -> Any:
-    """The definition: the state recurrence, one token at a time (arithmetic-generic)."""
-    return gated_recurrence(ar, q * scale, k, v, ar.exp(g / gate_tau))
+def reference(
+    ar: Any,
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    causal: bool,
+    g: Any,
+    scale: float,
+    gate_tau: float,
+    initial_state: Any = None,
+    output_final_state: bool = False,
+) -> Any:
+    """The definition: the state recurrence, one token at a time (arithmetic-generic), from S_0."""
+    return gated_recurrence(ar, q * scale, k, v, ar.exp(g / gate_tau), initial_state, output_final_state)
 
 
 def torch_forward(
-    q: Any, k: Any, v: Any, *, causal: bool, form: str, chunk_size: int, g: Any, scale: float, gate_tau: float
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    causal: bool,
+    form: str,
+    chunk_size: int,
+    g: Any,
+    scale: float,
+    gate_tau: float,
+    initial_state: Any = None,
+    output_final_state: bool = False,
 ) -> Any:
-    return linear_recurrence(q * scale, k, v, g / gate_tau, causal=True, form=form, chunk_size=chunk_size)
+    out = linear_recurrence(q * scale, k, v, g / gate_tau, causal=True, form=form, chunk_size=chunk_size)
+    if initial_state is None and not output_final_state:
+        return out
+    return torch_state_terms(q * scale, k, v, g / gate_tau, out, initial_state, output_final_state)
 
 
 VARIANTS = [
@@ -43,7 +69,7 @@ VARIANTS = [
         source="Yang et al. 2024, Gated Linear Attention Transformers with Hardware-Efficient Training",
         params={"scale": 1.0, "gate_tau": 1.0},
         forms=("chunked", "recurrent", "parallel"),
-        declares=frozenset({"causal", "causal-only", "bounded-state", "gated"}),
+        declares=frozenset({"causal", "causal-only", "bounded-state", "gated", "state-passing"}),
         reference_fn=reference,
         torch_fn=torch_forward,
         inputs=("g",),
