@@ -120,3 +120,21 @@ def hangs_forever(q, k, v, *, causal):
 
     while True:
         time.sleep(0.5)
+
+
+# ------------------------------------------------------------------------------------------------------
+# state passing, packing and backward (targets that take initial_state / cu_seqlens, custom backward)
+# ------------------------------------------------------------------------------------------------------
+def gla_ignoring_initial_state(q, k, v, *, causal, g, initial_state=None, output_final_state=False):
+    """GLA that accepts initial_state and drops it: outputs and final state start from 0."""
+    return V.get("gla").torch(q, k, v, causal=True, g=g, output_final_state=output_final_state)
+
+
+def gla_transposed_state(q, k, v, *, causal, g, initial_state=None, output_final_state=False):
+    """GLA that keeps its state as (d_v, d_k): it reads initial_state and returns final_state transposed
+    (the shapes agree when d_k == d_v)."""
+    s0 = None if initial_state is None else initial_state.transpose(-1, -2)
+    res = V.get("gla").torch(q, k, v, causal=True, g=g, initial_state=s0, output_final_state=output_final_state)
+    if output_final_state:
+        return res[0], res[1].transpose(-1, -2)
+    return res

@@ -23,6 +23,9 @@ Component properties of random features (kernel MSE, ORF) are plain functions in
 | jacobian-norm             | linear in V or NormAttention (+ Q, K bounds)    | jacobian-bounds.md           |
 | depth-growth              | softmax, DiagAttention, linear-elu/relu         | jacobian-bounds.md           |
 | energy-share (diagnostic) | every variant                                   | gram-spectrum.md             |
+| state-agreement           | state-passing, causal                           | state-passing.md             |
+| state-split               | state-passing, causal                           | state-passing.md             |
+| zero-initial-state        | state-passing, causal                           | state-passing.md             |
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import builtins
 from typing import Any
 
 from ..validation import check_choice
-from . import accuracy, conditioning, gradients, invariants, kernels
+from . import accuracy, conditioning, gradients, invariants, kernels, state
 from .base import DEFAULT_KINDS, Property, always, declares
 
 LOW_PRECISION = ("bfloat16", "float16")
@@ -175,6 +178,27 @@ CATALOGUE: tuple[Property, ...] = (
         kinds=gradients.GRADIENT_KINDS,
         max_n=8,
         max_d=4,
+    ),
+    Property(
+        "state-agreement",
+        state.state_agreement,
+        state.state_passing,
+        "state-passing.md",
+        "from a nonzero initial state, out and final state within 2 R(u) of the definition's",
+    ),
+    Property(
+        "state-split",
+        state.state_split,
+        state.state_passing,
+        "state-passing.md",
+        "[0, t) then [t, N) with the carried state equals one pass, t at and off chunk boundaries",
+    ),
+    Property(
+        "zero-initial-state",
+        state.zero_initial_state,
+        state.state_passing,
+        "state-passing.md",
+        "a zero initial state gives what no initial state gives (within the two rounding bounds)",
     ),
     Property(
         "energy-share",
