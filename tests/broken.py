@@ -138,3 +138,51 @@ def gla_transposed_state(q, k, v, *, causal, g, initial_state=None, output_final
     if output_final_state:
         return res[0], res[1].transpose(-1, -2)
     return res
+
+
+def _with_backward(forward, corrupt):
+    """forward(*inputs) with its exact autograd backward, then ``corrupt(grads, inputs)`` applied: a custom
+    autograd.Function whose forward is correct and whose backward is written separately (as kernels are)."""
+
+    class Fn(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, *inputs):
+            ctx.save_for_backward(*inputs)
+            return forward(*inputs)
+
+        @staticmethod
+        def backward(ctx, do):
+            inputs = ctx.saved_tensors
+            with torch.enable_grad():
+                leaves = [x.detach().requires_grad_() for x in inputs]
+                grads = torch.autograd.grad(forward(*leaves), leaves, do)
+            return corrupt(list(grads), inputs)
+
+    return Fn.apply
+
+
+def retnet_dv_missing_scale(q, k, v, *, causal):
+    """RetNet whose backward forgets the query scale s = 1/sqrt(d) in dv (dv is 1/s times too large)."""
+
+    def forward(q, k, v):
+        return V.get("retnet").torch(q, k, v, causal=True, form="chunked", chunk_size=16)
+
+    def corrupt(grads, inputs):
+        grads[2] = grads[2] * math.sqrt(inputs[0].shape[-1])
+        return tuple(grads)
+
+    return _with_backward(forward, corrupt)(q, k, v)
+
+
+def gla_dk_missing_decay(q, k, v, *, causal, g):
+    """GLA whose backward drops a decay factor in dk: dk_s / alpha_s, as when the decay to token s is read
+    cumulated through s - 1 instead of s."""
+
+    def forward(q, k, v, g):
+        return V.get("gla").torch(q, k, v, causal=True, g=g, form="chunked", chunk_size=16)
+
+    def corrupt(grads, inputs):
+        grads[1] = grads[1] * torch.exp(-inputs[3])
+        return tuple(grads)
+
+    return _with_backward(forward, corrupt)(q, k, v, g)

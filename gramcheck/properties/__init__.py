@@ -26,6 +26,7 @@ Component properties of random features (kernel MSE, ORF) are plain functions in
 | state-agreement           | state-passing, causal                           | state-passing.md             |
 | state-split               | state-passing, causal                           | state-passing.md             |
 | zero-initial-state        | state-passing, causal                           | state-passing.md             |
+| backward-agreement        | no vanishing denominator; float32 / bf16 / f16  | backward-agreement.md        |
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import builtins
 from typing import Any
 
 from ..validation import check_choice
-from . import accuracy, conditioning, gradients, invariants, kernels, state
+from . import accuracy, backward, conditioning, gradients, invariants, kernels, state
 from .base import DEFAULT_KINDS, Property, always, declares
 
 LOW_PRECISION = ("bfloat16", "float16")
@@ -199,6 +200,15 @@ CATALOGUE: tuple[Property, ...] = (
         state.state_passing,
         "state-passing.md",
         "a zero initial state gives what no initial state gives (within the two rounding bounds)",
+    ),
+    Property(
+        "backward-agreement",
+        backward.backward_agreement,
+        backward.smooth_definition,
+        "backward-agreement.md",
+        "gradients in the target dtype: max|G - G*| <= 2 max|naive - G*| + 4u max|G*| per tensor",
+        kinds=gradients.GRADIENT_KINDS,
+        max_n=128,
     ),
     Property(
         "energy-share",

@@ -1,0 +1,74 @@
+"""Backward agreement: the builtin forms' gradients in float32 and bfloat16 pass against the float64
+definition's; backwards that drop the scale on dv or a decay factor on dk fail while their forward passes
+agreement; the definition evaluated in the target's own dtype (the rule's naive reference) measures at
+about 1/2 (the rule is nearly tight for it)."""
+
+import numpy as np
+import pytest
+import torch
+from broken import gla_dk_missing_decay, retnet_dv_missing_scale
+
+from gramcheck import properties as P
+from gramcheck.api import check
+from gramcheck.autodiff import TorchDefinition
+from gramcheck.properties.backward import backward_agreement
+from gramcheck.strategies import attention_inputs, sample
+from gramcheck.targets import builtin
+
+DOMAIN = {"max_n": 70, "max_d": 6, "examples": 8}
+
+
+@pytest.mark.parametrize("name", ["gla", "retnet", "linear-unnormalised", "linear-elu", "softmax", "transnormer-norm"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_builtin_backward_passes(name, dtype):
+    r = check(f"builtin:{name}", causal=True, dtype=dtype, properties=["backward-agreement"], domain=DOMAIN)
+    f = r.findings[0]
+    assert f.passed, r.summary() + str(f.details)
+    assert f.details["examples"] >= 1
+
+
+def test_gla_gradients_include_gates_and_initial_state():
+    r = check("builtin:gla", causal=True, properties=["backward-agreement"], domain={**DOMAIN, "examples": 2})
+    assert set(r.findings[0].details["gradients"]) == {"dq", "dk", "dv", "dg", "dinitial_state"}
+
+
+@pytest.mark.parametrize(
+    "fn,name,entry", [(retnet_dv_missing_scale, "retnet", "dv"), (gla_dk_missing_decay, "gla", "dk")]
+)
+def test_broken_backward_fails_while_forward_passes(fn, name, entry):
+    r = check(fn, name, causal=True, properties=["backward-agreement", "agreement"], domain={**DOMAIN, "min_d": 2})
+    back, fwd = r["backward-agreement"], r["agreement"]
+    assert fwd.passed, r.summary()
+    assert not back.passed and back.details["entry"].startswith(entry), r.summary() + str(back.details)
+    assert back.counterexample is not None and "first_failing_token" in back.details
+
+
+def test_naive_definition_measures_near_one_half():
+    """The rule's own naive reference as a target: its error is the naive error, so each gradient measures
+    e / (2 e + floor) <= 1/2 (a long bfloat16 recurrence)."""
+    ar = TorchDefinition("bfloat16")
+    t0 = builtin("gla", dtype="bfloat16")
+
+    def naive(q, k, v, *, causal, g):
+        return t0.variant.reference_fn(ar, q, k, v, causal=True, g=g, **t0.params)
+
+    t = builtin("gla", dtype="bfloat16")
+    t.fn = naive
+    ex = sample(attention_inputs("gla", dtype="bfloat16", kinds=["gaussian"], min_n=60, max_n=64, min_d=4, max_d=4))
+    f = backward_agreement(t, ex, causal=True)
+    u = 2.0**-8
+    rule = {n: e / (2 * e + 4 * u * f.details["gradient_scales"][n]) for n, e in f.details["naive_errors"].items()}
+    # the target is the naive reference: each tensor measures exactly e / (2 e + floor), at most 1/2
+    assert f.passed and f.measured == pytest.approx(max(rule.values()), rel=1e-9) and f.measured <= 0.5, f
+    assert f.measured > 0.15, f  # the floor is no more than ~2 e here: the bound is within ~3x of the naive error
+
+
+def test_applies_except_where_denominators_vanish():
+    assert "backward-agreement" in {p.name for p in P.applicable("gla", True, {})}
+    assert "backward-agreement" not in {p.name for p in P.applicable("linear-relu", True, {})}
+
+
+def test_float64_targets_are_left_to_gradcheck():
+    f = check("builtin:softmax", dtype="float64", properties=["backward-agreement"], domain=DOMAIN).findings[0]
+    assert f.passed and "gradcheck" in f.details["note"]
+    assert torch.get_default_dtype() == torch.float32 and np.isfinite(f.measured)
