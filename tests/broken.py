@@ -186,3 +186,14 @@ def gla_dk_missing_decay(q, k, v, *, causal, g):
         return tuple(grads)
 
     return _with_backward(forward, corrupt)(q, k, v, g)
+
+
+def gla_packed_leaking_state(q, k, v, *, causal, g, cu_seqlens=None, initial_state=None, output_final_state=False):
+    """Packed GLA that runs the whole row as one sequence: the state of one sequence flows into the next."""
+    out = V.get("gla").torch(q, k, v, causal=True, g=g, form="chunked", chunk_size=16)
+    if not output_final_state:
+        return out
+    packed = V.get("gla").torch(
+        q, k, v, causal=True, g=g, cu_seqlens=cu_seqlens, initial_state=initial_state, output_final_state=True
+    )
+    return out, packed[1]

@@ -26,6 +26,8 @@ Component properties of random features (kernel MSE, ORF) are plain functions in
 | state-agreement           | state-passing, causal                           | state-passing.md             |
 | state-split               | state-passing, causal                           | state-passing.md             |
 | zero-initial-state        | state-passing, causal                           | state-passing.md             |
+| packing                   | causal mode, targets taking cu_seqlens          | state-passing.md             |
+| packing-isolation         | causal mode, targets taking cu_seqlens          | state-passing.md             |
 | backward-agreement        | no vanishing denominator; float32 / bf16 / f16  | backward-agreement.md        |
 """
 
@@ -35,7 +37,7 @@ import builtins
 from typing import Any
 
 from ..validation import check_choice
-from . import accuracy, backward, conditioning, gradients, invariants, kernels, state
+from . import accuracy, backward, conditioning, gradients, invariants, kernels, packing, state
 from .base import DEFAULT_KINDS, Property, always, declares
 
 LOW_PRECISION = ("bfloat16", "float16")
@@ -200,6 +202,20 @@ CATALOGUE: tuple[Property, ...] = (
         state.state_passing,
         "state-passing.md",
         "a zero initial state gives what no initial state gives (within the two rounding bounds)",
+    ),
+    Property(
+        "packing",
+        packing.packing,
+        packing.packable,
+        "state-passing.md",
+        "packed sequences (cu_seqlens) give each sequence's own outputs, states and gradients",
+    ),
+    Property(
+        "packing-isolation",
+        packing.packing_isolation,
+        packing.packable,
+        "state-passing.md",
+        "no token of one packed sequence changes another's output (bit-exact)",
     ),
     Property(
         "backward-agreement",
