@@ -7,7 +7,7 @@ seed, target and versions give the same Findings."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from hypothesis import HealthCheck, given, reject, settings
@@ -19,27 +19,50 @@ from .findings import Finding
 from .properties import Property
 from .strategies import attention_inputs, profile
 from .targets import Target
+from .validation import check_choice
+
+# per profile: the largest N and d drawn and the compute budget on B * H * N * d (a ci check of one variant
+# stays under a minute on 2 cores: benchmarks/RESULTS.md)
+PROFILE_SIZES: dict[str, dict[str, int]] = {
+    "ci": {"max_n": 320, "max_d": 64, "budget": 2**14},
+    "thorough": {"max_n": 1024, "max_d": 128, "budget": 2**16},
+}
+# properties that differentiate the target: their own N cap, unless the domain sets ``grad_max_n``
+GRADIENT_PROPERTIES = ("gradcheck", "jacobian-norm", "depth-growth", "finite-gradients", "backward-agreement")
 
 
 @dataclass(frozen=True)
 class Domain:
-    """Where inputs are drawn: kinds, size caps and the number of examples (None: the profile's)."""
+    """Where inputs are drawn: kinds, sizes and the number of examples. None: the profile's
+    (``PROFILE_SIZES``; examples from the profile's settings).
+
+    N is drawn with weight on the boundaries of ``chunks`` (c - 1, c, c + 1, 2c - 1, 2c, 2c + 1) and d
+    with weight on head sizes 16, 32, 64, 128, under ``budget`` on B * H * N * d (d shrinks first, then
+    N, never below min_d / min_n). ``gates`` fixes the decay regimes of gated variants (strategies.GATES:
+    'extreme' reaches exp(-100) per token); ``grad_max_n`` sets the sequence length of the gradient
+    properties (each has its own cap otherwise)."""
 
     kinds: tuple[str, ...] | None = None
-    max_n: int = 32
-    max_d: int = 8
+    max_n: int | None = None
+    max_d: int | None = None
     max_b: int = 1
     max_h: int = 2
     examples: int | None = None
     min_n: int = 1
     min_d: int = 1  # min_d = max_d fixes the head dimension (targets whose hyperparameters depend on d)
+    chunks: tuple[int, ...] = (64,)
+    budget: int | None = None
+    gates: tuple[str, ...] | None = None
+    grad_max_n: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("max_n", "max_d", "max_b", "max_h", "min_n", "min_d"):
+        for name in ("max_n", "max_d", "max_b", "max_h", "min_n", "min_d", "budget", "grad_max_n"):
             value = getattr(self, name)
+            if value is None and name in ("max_n", "max_d", "budget", "grad_max_n"):
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"domain.{name}: got {value!r}; expected a positive integer")
-        if self.min_n > self.max_n or self.min_d > self.max_d:
+        if (self.max_n is not None and self.min_n > self.max_n) or (self.max_d is not None and self.min_d > self.max_d):
             raise ValueError(
                 f"domain: got N in [{self.min_n}, {self.max_n}], d in [{self.min_d}, {self.max_d}]; expected min <= max"
             )
@@ -49,6 +72,26 @@ class Domain:
             raise ValueError(f"domain.examples: got {self.examples!r}; expected a positive integer or None")
         if self.kinds is not None:
             object.__setattr__(self, "kinds", tuple(self.kinds))
+        chunks = tuple(self.chunks) if self.chunks is not None else ()
+        if any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in chunks):
+            raise ValueError(f"domain.chunks: got {self.chunks!r}; expected positive integer chunk sizes")
+        object.__setattr__(self, "chunks", chunks)
+        if self.gates is not None:
+            from .strategies import GATES
+
+            for g in self.gates:
+                check_choice("domain.gates", g, GATES)
+            object.__setattr__(self, "gates", tuple(self.gates))
+
+    def resolved(self, profile_name: str) -> Domain:
+        """The domain with the profile's sizes filled in where None (min_n / min_d raise them if larger)."""
+        sizes = PROFILE_SIZES[check_choice("profile", profile_name, tuple(PROFILE_SIZES))]
+        return replace(
+            self,
+            max_n=self.max_n if self.max_n is not None else max(self.min_n, sizes["max_n"]),
+            max_d=self.max_d if self.max_d is not None else max(self.min_d, sizes["max_d"]),
+            budget=self.budget if self.budget is not None else sizes["budget"],
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -60,6 +103,10 @@ class Domain:
             "max_b": self.max_b,
             "max_h": self.max_h,
             "examples": self.examples,
+            "chunks": list(self.chunks),
+            "budget": self.budget,
+            "gates": list(self.gates) if self.gates else None,
+            "grad_max_n": self.grad_max_n,
         }
 
 
@@ -73,22 +120,28 @@ def run_property(
     prop: Property, target: Target, *, causal: bool, domain: Domain = Domain(), profile_name: str = "ci", seed: int = 0
 ) -> Finding:
     """The worst Finding of ``prop`` over the examples of ``domain``; a failure is shrunk first."""
+    domain = domain.resolved(profile_name)
+    assert domain.max_n is not None and domain.max_d is not None
     # the domain's kinds, narrowed to the property's own (gradients: smooth kinds) where they overlap
     if domain.kinds is None:
         kinds = prop.kinds
     else:
         kinds = tuple(k for k in domain.kinds if k in prop.kinds) or tuple(domain.kinds)
-    strategy = attention_inputs(
-        target.variant,
-        dtype=target.dtype,
-        kinds=kinds,
-        max_n=max(domain.min_n, min(domain.max_n, prop.max_n or domain.max_n)),
-        max_d=max(domain.min_d, min(domain.max_d, prop.max_d or domain.max_d)),
-        min_n=domain.min_n,
-        min_d=domain.min_d,
-        max_b=domain.max_b,
-        max_h=domain.max_h,
-    )
+    cap_n = prop.max_n
+    if domain.grad_max_n is not None and prop.name in GRADIENT_PROPERTIES:
+        cap_n = domain.grad_max_n
+    sizes = {
+        "max_n": max(domain.min_n, min(domain.max_n, cap_n or domain.max_n)),
+        "max_d": max(domain.min_d, min(domain.max_d, prop.max_d or domain.max_d)),
+        "min_n": domain.min_n,
+        "min_d": domain.min_d,
+        "max_b": domain.max_b,
+        "max_h": domain.max_h,
+        "chunks": domain.chunks,
+        "budget": domain.budget,
+        "gate_regimes": domain.gates,
+    }
+    strategy = attention_inputs(target.variant, dtype=target.dtype, kinds=kinds, **sizes)
     base = profile(profile_name)
     cfg = settings(
         base,

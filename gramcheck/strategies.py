@@ -59,7 +59,8 @@ KINDS = (
     "degenerate",
     "long",
 )
-GATES = ("long-memory", "short-memory", "mixed")
+GATES = ("long-memory", "short-memory", "mixed", "extreme")
+HEAD_SIZES = (16, 32, 64, 128)  # production head sizes, drawn with weight when the domain reaches them
 
 # Hypothesis settings profiles. ``ci``: derandomised (the same examples every run), no example
 # database, no deadline (a target's first call may compile); ``thorough``: a real search.
@@ -146,14 +147,18 @@ def log_spaced(cond: float, r: int) -> np.ndarray:
 
 
 def _gates(rng: np.random.Generator, shape: tuple[int, ...], gate: str) -> np.ndarray:
-    """Log-decays g <= 0: long memory (alpha in [0.99, 1)), short (alpha in (0, 0.05]), or mixed
-    per channel (half the channels long, half short)."""
+    """Log-decays g <= 0: long memory (alpha in [0.99, 1)), short (alpha in (0, 0.05]), mixed per
+    channel (half the channels long, half short), or extreme: g uniform in [-100, 0] per token and
+    channel (decays down to e^-100 per token; a chunk of 64 spans thousands of binary orders, far past
+    the 126 of float32's normal range)."""
     long_g = np.log(rng.uniform(0.99, 1.0 - 1e-6, shape))
     short_g = np.log(rng.uniform(1e-6, 0.05, shape))
     if gate == "long-memory":
         return long_g
     if gate == "short-memory":
         return short_g
+    if gate == "extreme":
+        return -rng.uniform(0.0, 100.0, shape)
     channel = np.arange(shape[-1]) % 2 == 0
     return np.where(channel, long_g, short_g)
 
@@ -284,11 +289,17 @@ def attention_inputs(
     gate: str | None = None,
     min_n: int = 1,
     min_d: int = 1,
+    chunks: Sequence[int] = (),
+    budget: int | None = None,
+    gate_regimes: Sequence[str] | None = None,
 ) -> AttentionInputs:
     """Adversarial inputs for ``variant`` (a name, a Variant or None for plain q, k, v): one of
     ``kinds`` (default all) with sizes B <= max_b, H <= max_h, N <= max_n, d <= max_d, rounded to
-    ``dtype``. Extras: log-decays ``g`` for gated variants (``gate`` fixes their kind), an orthogonal
-    random ``projection`` (m, d), m = 2 d by default, for random-feature variants. Shrinks toward
+    ``dtype``. N is drawn at the boundaries of ``chunks`` (c - 1, c, c + 1, 2c - 1, 2c, 2c + 1) half
+    the time, d at the production head sizes within range half the time, and B * H * N * d is kept
+    within ``budget`` (d reduced first, then N, not below min_d / min_n). Extras: log-decays ``g`` for
+    gated variants (``gate`` fixes their regime, ``gate_regimes`` limits the choice), an orthogonal random
+    ``projection`` (m, d), m = 2 d by default, for random-feature variants. Shrinks toward
     B = H = 1, N = d = 1 and the simplest parameters of the kind."""
     from . import variants as _variants
 
@@ -304,6 +315,8 @@ def attention_inputs(
     kind = draw(st.sampled_from(kinds))
     B = draw(st.integers(1, max(1, max_b)))
     H = draw(st.integers(1, max(1, max_h)))
+    boundaries = sorted({m + o for c in chunks for m in (c, 2 * c) for o in (-1, 0, 1) if min_n <= m + o <= max_n})
+    heads = [h for h in HEAD_SIZES if min_d <= h <= max_d]
     if kind == "long":
         N = draw(st.integers(max(min_n, max_n // 2), max_n))
         d = draw(st.integers(min_d, max(min_d, min(max_d, 4))))
@@ -311,8 +324,14 @@ def attention_inputs(
         N = draw(st.sampled_from(sorted({max(min_n, x) for x in (1, 2, max_n)})))
         d = draw(st.sampled_from(sorted({max(min_d, x) for x in (1, 2, max_d)})))
     else:
-        N = draw(st.integers(min_n, max_n))
-        d = draw(st.integers(min_d, max_d))
+        n_int = st.integers(min_n, max_n)
+        N = draw(st.one_of(n_int, st.sampled_from(boundaries)) if boundaries else n_int)
+        d_int = st.integers(min_d, max_d)
+        d = draw(st.one_of(d_int, st.sampled_from(heads)) if heads else d_int)
+    if budget is not None and B * H * N * d > budget:
+        d = max(min_d, min(d, budget // (B * H * N)))
+        if B * H * N * d > budget:
+            N = max(min_n, budget // (B * H * d))
     if kind in ("near-duplicate", "low-rank"):
         N = max(N, 2)
     if kind == "low-rank":
@@ -321,7 +340,8 @@ def attention_inputs(
     q, k, v, meta = draw(_qkv(kind, B, H, N, d, dv, dt))
     extras: dict[str, np.ndarray] = {}
     if var is not None and "g" in var.inputs:
-        gvals, gk = draw(gates((B, H, N, d), gate))
+        regime = gate or (draw(st.sampled_from(tuple(gate_regimes))) if gate_regimes else None)
+        gvals, gk = draw(gates((B, H, N, d), regime))
         extras["g"] = np.minimum(round_to(gvals, dt), 0.0)
         meta["gate"] = gk
     if var is not None and "projection" in var.inputs:

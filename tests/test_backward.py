@@ -18,7 +18,7 @@ from gramcheck.targets import builtin
 DOMAIN = {"max_n": 70, "max_d": 6, "examples": 8}
 
 
-@pytest.mark.parametrize("name", ["gla", "retnet", "linear-unnormalised", "linear-elu", "softmax", "transnormer-norm"])
+@pytest.mark.parametrize("name", ["gla", "retnet", "linear-unnormalised", "softmax", "transnormer-diag"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_builtin_backward_passes(name, dtype):
     r = check(f"builtin:{name}", causal=True, dtype=dtype, properties=["backward-agreement"], domain=DOMAIN)
@@ -56,19 +56,19 @@ def test_naive_definition_measures_near_one_half():
     t.fn = naive
     ex = sample(attention_inputs("gla", dtype="bfloat16", kinds=["gaussian"], min_n=60, max_n=64, min_d=4, max_d=4))
     f = backward_agreement(t, ex, causal=True)
-    u = 2.0**-8
-    rule = {n: e / (2 * e + 4 * u * f.details["gradient_scales"][n]) for n, e in f.details["naive_errors"].items()}
-    # the target is the naive reference: each tensor measures exactly e / (2 e + floor), at most 1/2
-    assert f.passed and f.measured == pytest.approx(max(rule.values()), rel=1e-9) and f.measured <= 0.5, f
+    # the target is the naive reference: every entry measures e_x / (2 e_x + floor) <= 1/2
+    assert f.passed and f.measured <= 0.5, f
     assert f.measured > 0.15, f  # the floor is no more than ~2 e here: the bound is within ~3x of the naive error
 
 
-def test_applies_except_where_denominators_vanish():
+def test_applies_to_unnormalised_forms():
     assert "backward-agreement" in {p.name for p in P.applicable("gla", True, {})}
-    assert "backward-agreement" not in {p.name for p in P.applicable("linear-relu", True, {})}
+    for name in ("linear-relu", "linear-elu", "qknorm-linear", "transnormer-norm"):
+        assert "backward-agreement" not in {p.name for p in P.applicable(name, True, {})}
 
 
 def test_float64_targets_are_left_to_gradcheck():
-    f = check("builtin:softmax", dtype="float64", properties=["backward-agreement"], domain=DOMAIN).findings[0]
+    r = check("builtin:softmax", causal=True, dtype="float64", properties=["backward-agreement"], domain=DOMAIN)
+    f = r.findings[0]
     assert f.passed and "gradcheck" in f.details["note"]
     assert torch.get_default_dtype() == torch.float32 and np.isfinite(f.measured)

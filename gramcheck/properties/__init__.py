@@ -28,7 +28,7 @@ Component properties of random features (kernel MSE, ORF) are plain functions in
 | zero-initial-state        | state-passing, causal                           | state-passing.md             |
 | packing                   | causal mode, targets taking cu_seqlens          | state-passing.md             |
 | packing-isolation         | causal mode, targets taking cu_seqlens          | state-passing.md             |
-| backward-agreement        | no vanishing denominator; float32 / bf16 / f16  | backward-agreement.md        |
+| backward-agreement        | unnormalised forms; float32 / bf16 / f16 targets| backward-agreement.md        |
 """
 
 from __future__ import annotations
@@ -220,7 +220,7 @@ CATALOGUE: tuple[Property, ...] = (
     Property(
         "backward-agreement",
         backward.backward_agreement,
-        backward.smooth_definition,
+        backward.term_sizes_known,
         "backward-agreement.md",
         "gradients in the target dtype: max|G - G*| <= 2 max|naive - G*| + 4u max|G*| per tensor",
         kinds=gradients.GRADIENT_KINDS,

@@ -6,7 +6,8 @@ representable in the dtype, each gradient G_x (x in q, k, v, the differentiable 
 initial state) is compared with the reference G*_x, autograd of the definition evaluated in float64:
 
     max |G_x - G*_x| <= k max |N_x - G*_x| + 4 u s_x,   k = 2,
-    s_x = max |G*_x|  (where G*_x = 0 exactly: sum_y max|G*_y| max|y| / max|x|, the size of its terms),
+    s_x = max(max |G*_x|, T_x)   (T_x: the size of the entry's terms, componentwise; where G*_x = 0
+                                  up to float64 rounding, sum_y max|G*_y| max|y| / max|x| instead of max |G*_x|),
 
 N_x being autograd of the same definition evaluated in the target's dtype (the low-precision rule of the
 forward, proofs/low-precision-rule.md, applied per gradient tensor, as FlashAttention's backward tests
@@ -32,6 +33,8 @@ from .state import initial_state_of, parts_finding
 BACKWARD_K = 2.0
 BACKWARD_FLOOR_ULPS = 4.0
 NOT_DIFFERENTIABLE = ("projection",)  # random features are drawn, not learned
+CANCELLED = 2.0**-40  # a reference gradient this small against its natural size vanishes exactly
+LOG_DECAYS = ("g",)  # per-token log-decays (fla's g): their gradients are reverse sums that cancel
 
 
 def _torch() -> Any:
@@ -106,6 +109,42 @@ def target_gradients(
         return _grads(_loss(res, torch.as_tensor(w), None if ws is None else torch.as_tensor(ws)), leaves)
 
 
+def gradient_terms(
+    target: Target,
+    arrays: dict[str, np.ndarray],
+    names: list[str],
+    w: np.ndarray,
+    ws: np.ndarray | None,
+    *,
+    causal: bool,
+) -> dict[str, np.ndarray]:
+    """Componentwise size of each gradient's terms: the float64 gradient of the definition with |q|, |k|,
+    |v|, |S_0|, |W|, |W_S| (log-decays kept: the decays are positive). For a function multilinear in those
+    inputs with positive decays this is exactly sum |terms| of every entry; elsewhere an estimate of it."""
+    absolute = {n: (x if n in LOG_DECAYS or n in NOT_DIFFERENTIABLE else np.abs(x)) for n, x in arrays.items()}
+    with np.errstate(all="ignore"):
+        out = definition_gradients(
+            target, absolute, names, np.abs(w), None if ws is None else np.abs(ws), causal=causal, dtype="float64"
+        )
+    return {n: np.where(np.isfinite(g), np.abs(g), 0.0) for n, g in out.items()}
+
+
+def log_decay_terms(arrays: dict[str, np.ndarray], ref: dict[str, np.ndarray], name: str) -> np.ndarray:
+    """The size of the terms of a log-decay gradient: with decays entering as exp(b_t - b_s), b the
+    cumulative log-decays, dL/dg_r = sum_{t >= r} (q_t * dq_t - k_t * dk_t) (+ S_0 * dS_0 summed over
+    d_v at r = 0), a sum of N terms that cancel; their magnitudes summed over the tokens (and channels
+    where g is one per head), broadcast to g's shape."""
+    g = arrays[name]
+    per = np.abs(arrays["q"] * ref["q"]) + np.abs(arrays["k"] * ref["k"])  # (B, H, N, d_k)
+    if "initial_state" in ref:
+        s0 = np.sum(np.abs(arrays["initial_state"] * ref["initial_state"]), axis=-1)  # (B, H, d_k)
+        per = per + s0[:, :, None, :] / per.shape[2]
+    if g.ndim == 3 or g.shape[-1] == 1:
+        per = np.sum(per, axis=-1, keepdims=True)
+    total = np.sum(per, axis=2, keepdims=True)  # (B, H, 1, c)
+    return np.broadcast_to(total if g.ndim == 4 else total[..., 0], g.shape)
+
+
 def _term_size(target: Target, ex: AttentionInputs, w: np.ndarray, *, causal: bool) -> float:
     """The size of L's terms, sum |W| |o-terms|, read off the forward rounding model R ~ gamma_{N+d} |terms|:
     the scale of a gradient that cancels exactly everywhere (an output that is 0 by cancellation,
@@ -120,12 +159,23 @@ def _term_size(target: Target, ex: AttentionInputs, w: np.ndarray, *, causal: bo
 
 
 def smooth_definition(variant: Any, causal: bool, params: dict[str, Any]) -> bool:
-    """Applicability: the definition's gradient is well conditioned wherever it exists, i.e. no
-    denominator can vanish (relu and trig features excluded: near a vanishing denominator the gradient
-    of the definition itself loses every digit, and normaliser-margin reports those inputs)."""
+    """The definition's gradient is well conditioned wherever it exists: no denominator can vanish (relu
+    and trig features excluded: near a vanishing denominator the gradient of the definition itself loses
+    every digit, and normaliser-margin reports those inputs)."""
     from .conditioning import vanishing_denominator
 
     return not vanishing_denominator(variant, causal, params)
+
+
+NORMALISING = ("denominator", "qk-scale-invariant", "v-scale-invariant")
+
+
+def term_sizes_known(variant: Any, causal: bool, params: dict[str, Any]) -> bool:
+    """Applicability of backward agreement: no normalisation (denominator, q/k norm, output norm), so
+    that ``gradient_terms`` is the size of every gradient entry's terms (or an upper estimate of it)
+    and the floor of the rule is sound; normalised forms need the adjoint's own rounding model
+    (proofs/backward-agreement.md, route 1)."""
+    return smooth_definition(variant, causal, params) and not (set(NORMALISING) & set(variant.declares))
 
 
 @guarded("backward-agreement")
@@ -150,6 +200,7 @@ def backward_agreement(target: Target, ex: AttentionInputs, *, causal: bool) -> 
     if not all(np.all(np.isfinite(g)) for g in ref.values()):
         return None  # the exact gradient is not finite here: outside the domain
     naive = definition_gradients(target, arrays, names, w, ws, causal=causal, dtype=target.dtype)
+    terms = gradient_terms(target, arrays, names, w, ws, causal=causal)
     got = target_gradients(target, arrays, names, w, ws, causal=causal)
     u = unit_roundoff(target.dtype)
     parts, naive_err, scales = {}, {}, {}
@@ -162,13 +213,15 @@ def backward_agreement(target: Target, ex: AttentionInputs, *, causal: bool) -> 
     for n in names:
         diff_n = np.abs(naive[n] - ref[n])
         e_n = float(np.max(np.where(np.isnan(diff_n), np.inf, diff_n), initial=0.0))
-        scale = float(np.max(np.abs(ref[n]), initial=0.0))
-        if scale == 0:  # a gradient that vanishes exactly is still computed from terms that cancel
-            scale = sensitivity / size[n] if size[n] > 0 else 0.0
+        scale: Any = float(np.max(np.abs(ref[n]), initial=0.0))
+        natural = sensitivity / size[n] if size[n] > 0 else 0.0
+        if scale <= CANCELLED * natural:  # vanishes up to float64 rounding: computed from terms that cancel
+            scale = natural
+        scale = np.maximum(scale, log_decay_terms(arrays, ref, n) if n in LOG_DECAYS else terms[n])
         bound = BACKWARD_K * e_n + BACKWARD_FLOOR_ULPS * u * scale
         err = np.abs(got[n] - ref[n])
         parts[f"d{n}"] = (np.where(np.isnan(err), np.inf, err), bound)
-        naive_err[f"d{n}"], scales[f"d{n}"] = e_n, scale
+        naive_err[f"d{n}"], scales[f"d{n}"] = e_n, float(np.max(scale))
     token_axis = {f"d{n}": 2 for n in names if n not in ("initial_state",) and np.ndim(arrays[n]) >= 3}
     return parts_finding(
         "backward-agreement",
