@@ -16,8 +16,9 @@ from hypothesis import target as htarget
 from hypothesis.errors import Flaky, Unsatisfiable
 
 from .findings import Finding
+from .locate import annotate
 from .properties import Property
-from .strategies import attention_inputs, profile
+from .strategies import attention_inputs, profile, sample
 from .targets import Target
 from .validation import check_choice
 
@@ -143,50 +144,63 @@ def run_property(
     }
     strategy = attention_inputs(target.variant, dtype=target.dtype, kinds=kinds, **sizes)
     base = profile(profile_name)
-    cfg = settings(
-        base,
-        derandomize=False,
-        database=None,
-        max_examples=domain.examples or base.max_examples,
-        suppress_health_check=list(HealthCheck),
-        report_multiple_bugs=False,
-    )
-    worst: list[Finding] = []
-    count = [0]
-    timed_out: list[Finding] = []
-
-    @hseed(seed)
-    @cfg
-    @given(strategy)
-    def search(ex: Any) -> None:
-        # a hanging target is not called again: shrinking would wait out every call
-        f = timed_out[0] if timed_out else prop.fn(target, ex, causal=causal)
-        if f is None:
-            reject()
-        if f.failure == "timeout" and not timed_out:
-            f.details["examples"] = count[0] + 1  # the calls made; later ones replay this finding
-            timed_out.append(f)
-        count[0] += 1
-        score = f.measured / f.bound if f.bound > 0 else f.measured
-        htarget(score if math.isfinite(score) else 1e300, label=prop.name)
-        if not worst or _worse(f, worst[0]):
-            worst[:] = [f]
-        if not f.passed:
-            raise _Failed(f)  # one raise site: Hypothesis tells failures apart by where they are raised
-
-    try:
-        search()
-    except _Failed as failed:
-        f = timed_out[0] if timed_out else failed.finding
-        f.details.setdefault("examples", count[0])
-        f.details["shrunk"] = True
-        return f
-    except Flaky as exc:
-        return Finding(
-            prop.name, False, math.inf, 1.0, details={"failure": "nondeterministic", "error": str(exc)[:500]}
-        )
-    except Unsatisfiable:
+    budget = domain.examples or base.max_examples
+    # a third of the examples is kept for the kinds the search does not draw (one explicit example each)
+    reserve = min(len(kinds), budget // 3) if len(kinds) > 1 else 0
+    state = _State()
+    result = _search(prop, target, causal, strategy, budget - reserve, base, seed, state)
+    if result is None:
+        for kind in [k for k in kinds if k not in state.drawn][:reserve]:
+            one = attention_inputs(target.variant, dtype=target.dtype, kinds=(kind,), **sizes)
+            ex = sample(one, seed=seed, index=2)
+            f = _guarded_call(prop, target, ex, causal)
+            state.drawn[kind] = state.drawn.get(kind, 0) + 1
+            if f is None:
+                continue
+            state.count += 1
+            if not state.worst or _worse(f, state.worst[0]):
+                state.worst[:] = [f]
+            if not f.passed:
+                # shrink it: a search over that kind alone (its first failure is shrunk by Hypothesis)
+                again = _State()
+                shrunk = _search(prop, target, causal, one, max(4, reserve), base, seed, again)
+                if isinstance(shrunk, Finding) and not shrunk.passed and again.failing:
+                    f, ex = shrunk, again.failing[0]
+                    f.details["shrunk"] = True
+                else:
+                    f.details["shrunk"] = False
+                f.details["examples"] = state.count + again.count
+                _coverage(f, kinds, state.drawn)
+                annotate(f, prop, target, ex, causal=causal, chunks=domain.chunks)
+                return f
+    if isinstance(result, Finding):
+        if result.details.get("failure") not in ("nondeterministic", "internal-error") or state.failing:
+            _coverage(result, kinds, state.drawn)
+        if state.failing and not state.timed_out and not result.passed:
+            annotate(result, prop, target, state.failing[0], causal=causal, chunks=domain.chunks)
+        return result
+    if not state.worst:
         return _no_examples(prop)
+    f = state.worst[0]
+    f.details["examples"] = state.count
+    _coverage(f, kinds, state.drawn)
+    return f
+
+
+class _State:
+    """What one search saw: the worst Finding, the examples evaluated, kinds drawn, the failing input."""
+
+    def __init__(self) -> None:
+        self.worst: list[Finding] = []
+        self.count = 0
+        self.timed_out: list[Finding] = []
+        self.drawn: dict[str, int] = {}
+        self.failing: list[Any] = []
+
+
+def _guarded_call(prop: Property, target: Target, ex: Any, causal: bool) -> Finding | None:
+    try:
+        return prop.fn(target, ex, causal=causal)
     except Exception as exc:  # noqa: BLE001 - an unexpected error is reported, never raised
         return Finding(
             prop.name,
@@ -195,11 +209,73 @@ def run_property(
             1.0,
             details={"failure": "internal-error", "error": f"{type(exc).__name__}: {str(exc)[:500]}"},
         )
-    if not worst:
-        return _no_examples(prop)
-    f = worst[0]
-    f.details["examples"] = count[0]
-    return f
+
+
+def _search(
+    prop: Property, target: Target, causal: bool, strategy: Any, examples: int, base: Any, seed: int, state: _State
+) -> Finding | None:
+    """Hypothesis over ``strategy``: the shrunk failing Finding, an error Finding, or None when every
+    example passed (``state`` then holds the worst)."""
+    cfg = settings(
+        base,
+        derandomize=False,
+        database=None,
+        max_examples=max(1, examples),
+        suppress_health_check=list(HealthCheck),
+        report_multiple_bugs=False,
+    )
+
+    @hseed(seed)
+    @cfg
+    @given(strategy)
+    def search(ex: Any) -> None:
+        # a hanging target is not called again: shrinking would wait out every call
+        f = state.timed_out[0] if state.timed_out else prop.fn(target, ex, causal=causal)
+        state.drawn[ex.kind] = state.drawn.get(ex.kind, 0) + 1
+        if f is None:
+            reject()
+        if f.failure == "timeout" and not state.timed_out:
+            f.details["examples"] = state.count + 1  # the calls made; later ones replay this finding
+            state.timed_out.append(f)
+        state.count += 1
+        score = f.measured / f.bound if f.bound > 0 else f.measured
+        htarget(score if math.isfinite(score) else 1e300, label=prop.name)
+        if not state.worst or _worse(f, state.worst[0]):
+            state.worst[:] = [f]
+        if not f.passed:
+            state.failing[:] = [ex]
+            raise _Failed(f)  # one raise site: Hypothesis tells failures apart by where they are raised
+
+    try:
+        search()
+    except _Failed as failed:
+        f = state.timed_out[0] if state.timed_out else failed.finding
+        f.details.setdefault("examples", state.count)
+        f.details["shrunk"] = True
+        return f
+    except Flaky as exc:
+        return Finding(
+            prop.name, False, math.inf, 1.0, details={"failure": "nondeterministic", "error": str(exc)[:500]}
+        )
+    except Unsatisfiable:
+        return None
+    except Exception as exc:  # noqa: BLE001 - an unexpected error is reported, never raised
+        return Finding(
+            prop.name,
+            False,
+            math.inf,
+            1.0,
+            details={"failure": "internal-error", "error": f"{type(exc).__name__}: {str(exc)[:500]}"},
+        )
+    return None
+
+
+def _coverage(f: Finding, kinds: tuple[str, ...], drawn: dict[str, int]) -> None:
+    """Finding.details: examples per kind, and the property's kinds that no example drew."""
+    f.details["kinds_drawn"] = dict(sorted(drawn.items()))
+    missing = [k for k in kinds if k not in drawn]
+    if missing:
+        f.details["kinds_not_drawn"] = missing
 
 
 def _no_examples(prop: Property) -> Finding:
