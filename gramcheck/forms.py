@@ -25,6 +25,7 @@ definition in bfloat16: the low-precision rule, proofs/low-precision-rule.md, ca
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from .validation import check_choice, check_positive_int
@@ -36,6 +37,14 @@ def _torch() -> Any:
     import torch
 
     return torch
+
+
+@functools.lru_cache(maxsize=64)
+def _causal_mask(n: int, device: Any) -> Any:
+    """The (n, n) lower-triangular boolean mask, cached per size and device (a fresh ``tril`` costs a
+    parallel region per call; callers never write to it)."""
+    torch = _torch()
+    return torch.ones(n, n, dtype=torch.bool, device=device).tril()
 
 
 def _acc_dtype(x: Any) -> Any:
@@ -95,7 +104,7 @@ def parallel(q: Any, k: Any, v: Any, g: Any = None, *, causal: bool) -> Any:
     if not causal:
         return q @ (k.transpose(-1, -2) @ v)
     n = q.shape[-2]
-    mask = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+    mask = _causal_mask(n, q.device)
     if g is None:
         raise ValueError("form: 'parallel' is non-causal for ungated linear attention; use 'chunked' or 'recurrent'")
     b = g.to(_gate_dtype(g)).cumsum(-2)
@@ -145,7 +154,7 @@ def chunked(q: Any, k: Any, v: Any, g: Any = None, *, causal: bool, chunk_size: 
         for i in range(nc):
             state = state + kc[:, :, i].transpose(-1, -2).to(acc) @ vc[:, :, i].to(acc)
         return (q.to(acc) @ state).to(q.dtype)
-    mask = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
+    mask = _causal_mask(c, q.device)
     if g is None:
         scores = (qc @ kc.transpose(-1, -2)) * mask.to(q.dtype)
         q_in, k_out, carry = qc, kc, None
