@@ -192,9 +192,9 @@ def oracle_inputs(name: str, n: int = 256, d: int = 32) -> tuple[Any, ...]:
     q, k, v = (rng.standard_normal((1, 1, n, d)) for _ in range(3))
     extras: dict[str, Any] = {}
     var = get(name)
-    if "projection" in var.extras:
+    if "projection" in var.inputs:
         extras["projection"] = random_projection(2 * d, d, seed=0)
-    if "g" in var.extras:
+    if "g" in var.inputs:
         extras["g"] = np.log(rng.uniform(0.9, 0.999, (1, 1, n, d)))
     return q, k, v, extras
 
