@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import properties as _properties
+from . import threads as _threads
 from . import variants as _variants
 from .precision import dtype_name
 from .report import Report
@@ -68,6 +69,7 @@ def check(
     params: dict[str, Any] | None = None,
     timeout: float | None = 60.0,
     progress: Callable[[str, int, int], None] | None = None,
+    threads: int | None = None,
 ) -> Report:
     """Check ``target`` as an implementation of ``variant`` (B, H, N, d layout) and return a Report.
 
@@ -75,7 +77,9 @@ def check(
     the variant, mode and dtype); ``domain``: a ``Domain`` or its fields as a dict (kinds, max_n, max_d,
     max_b, max_h, examples); ``profile``: 'ci' (fast, derandomised) or 'thorough'; ``params``: the
     hyperparameters the target implements (passed to the reference); ``progress(name, done, total)`` is
-    called before each property and once at the end (name '')."""
+    called before each property and once at the end (name ''); ``threads``: torch and BLAS threads
+    while checking (default $GRAMCHECK_THREADS, else 1: the inputs are tiny and a parallel region costs
+    more than their work; 0 leaves the settings alone; gramcheck.threads)."""
     check_choice("profile", profile, tuple(PROFILES))
     t = make_target(target, variant, dtype=dtype, device=device, params=params, timeout=timeout)
     var = t.variant
@@ -87,11 +91,14 @@ def check(
         props = _properties.applicable(var, causal, dict(t.params), dtype=t.dtype)
     else:
         props = [_properties.get(p) for p in properties]
+    n_threads = _threads.resolve(threads)  # validated before any work
     report = Report(t.name, var.name, causal, t.dtype, device, profile, seed, dom.to_dict(), params=dict(t.overrides))
     for i, p in enumerate(props):
         if progress is not None:
             progress(p.name, i, len(props))
-        report.findings.append(run_property(p, t, causal=causal, domain=dom, profile_name=profile, seed=seed))
+        report.findings.append(
+            run_property(p, t, causal=causal, domain=dom, profile_name=profile, seed=seed, threads=n_threads)
+        )
     if progress is not None:
         progress("", len(props), len(props))
     return report

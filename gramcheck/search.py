@@ -15,6 +15,7 @@ from hypothesis import seed as hseed
 from hypothesis import target as htarget
 from hypothesis.errors import Flaky, Unsatisfiable
 
+from . import threads as _threads
 from .findings import Finding
 from .locate import annotate
 from .properties import Property
@@ -118,9 +119,30 @@ class _Failed(Exception):
 
 
 def run_property(
-    prop: Property, target: Target, *, causal: bool, domain: Domain = Domain(), profile_name: str = "ci", seed: int = 0
+    prop: Property,
+    target: Target,
+    *,
+    causal: bool,
+    domain: Domain = Domain(),
+    profile_name: str = "ci",
+    seed: int = 0,
+    threads: int | None = None,
 ) -> Finding:
-    """The worst Finding of ``prop`` over the examples of ``domain``; a failure is shrunk first."""
+    """The worst Finding of ``prop`` over the examples of ``domain``; a failure is shrunk first. Runs
+    with ``threads`` torch and BLAS threads (default $GRAMCHECK_THREADS, else 1; gramcheck.threads)."""
+    n = _threads.resolve(threads)
+    fn = target.fn
+    target.fn = _threads.pinned(fn, n)  # the target runs in its own worker thread: limit it there
+    try:
+        with _threads.limited(n):
+            return _run_property(prop, target, causal=causal, domain=domain, profile_name=profile_name, seed=seed)
+    finally:
+        target.fn = fn
+
+
+def _run_property(
+    prop: Property, target: Target, *, causal: bool, domain: Domain, profile_name: str, seed: int
+) -> Finding:
     domain = domain.resolved(profile_name)
     assert domain.max_n is not None and domain.max_d is not None
     # the domain's kinds, narrowed to the property's own (gradients: smooth kinds) where they overlap
