@@ -179,9 +179,11 @@ def state_agreement(target: Target, ex: AttentionInputs, *, causal: bool) -> Fin
 
 
 def _diff(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """|a - b|, 0 where both are NaN, inf where one is."""
-    both = np.isnan(a) & np.isnan(b)
-    return np.where(both, 0.0, np.where(np.isnan(a) != np.isnan(b), np.inf, np.abs(a - b)))
+    """|a - b|: 0 where equal (infinities included) or both NaN, inf where only one is NaN."""
+    same = (a == b) | (np.isnan(a) & np.isnan(b))
+    with np.errstate(invalid="ignore"):
+        diff = np.abs(a - b)
+    return np.where(same, 0.0, np.where(np.isnan(diff), np.inf, diff))
 
 
 def split_point(ex: AttentionInputs) -> int:

@@ -53,35 +53,6 @@ def gated_recurrence(
     return (out, state) if output_final_state else out
 
 
-def torch_state_terms(
-    q: Any, k: Any, v: Any, g: Any, out: Any, initial_state: Any = None, output_final_state: bool = False
-) -> Any:
-    """State passing for a torch form of the causal gated recurrence whose output ``out`` started from
-    S_0 = 0: by linearity in S_0, with b_t = sum_{r<=t} g_r (float64),
-
-        o_t += (q_t * exp(b_t))^T S_0,    S_N = diag(exp(b_N)) S_0 + sum_s (k_s * exp(b_N - b_s)) v_s^T,
-
-    every exponent <= 0. q, k (B, H, N, d_k), v (B, H, N, d_v), g log-decays (B, H, N, d_k or 1) or None;
-    the state accumulates in at least float32 and is returned in that dtype (as fla's kernels do)."""
-    torch = _torch()
-    acc = torch.promote_types(q.dtype, torch.float32)
-    B, H, N, dk = q.shape
-    if g is None:
-        b = q.new_zeros(B, H, N, 1, dtype=torch.float64)
-    else:
-        b = g.to(torch.float64 if q.device.type != "mps" else torch.float32).cumsum(-2)
-    if initial_state is not None:
-        s0 = initial_state.to(acc)
-        out = (out.to(acc) + (q.to(acc) * b.exp().to(acc)) @ s0).to(q.dtype)
-    if not output_final_state:
-        return out
-    last = b[:, :, -1:, :]
-    final = (k.to(acc) * (last - b).exp().to(acc)).transpose(-1, -2) @ v.to(acc)
-    if initial_state is not None:
-        final = final + last[:, :, 0, :, None].exp().to(acc) * initial_state.to(acc)
-    return out, final
-
-
 def ref_normalised_gated(ar: Any, fq: Any, fk: Any, v: Any, g: Any, *, eps: float = 0.0) -> Any:
     """Causal o_t = sum_{s<=t} w_ts v_s / (sum_{s<=t} w_ts + eps) with w_ts = phi(q_t).phi(k_s) e^{b_t - b_s},
     b the cumulative log-decays g: the normalised gated recurrence over [V, 1]."""

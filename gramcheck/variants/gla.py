@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..forms import linear_recurrence
-from .common import gated_recurrence, torch_state_terms
+from .common import gated_recurrence
 from .spec import Variant
 
 
@@ -55,10 +55,17 @@ def torch_forward(
     initial_state: Any = None,
     output_final_state: bool = False,
 ) -> Any:
-    out = linear_recurrence(q * scale, k, v, g / gate_tau, causal=True, form=form, chunk_size=chunk_size)
-    if initial_state is None and not output_final_state:
-        return out
-    return torch_state_terms(q * scale, k, v, g / gate_tau, out, initial_state, output_final_state)
+    return linear_recurrence(
+        q * scale,
+        k,
+        v,
+        g / gate_tau,
+        causal=True,
+        form=form,
+        chunk_size=chunk_size,
+        initial_state=initial_state,
+        output_final_state=output_final_state,
+    )
 
 
 VARIANTS = [

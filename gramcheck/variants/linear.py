@@ -17,7 +17,7 @@ from typing import Any
 from ..featuremaps import elementwise
 from ..forms import linear_recurrence
 from ..torch_arith import TORCH
-from .common import kernel_matrix, ref_normalised, torch_normalised, torch_state_terms
+from .common import kernel_matrix, ref_normalised, torch_normalised
 from .spec import Variant
 
 LINEAR_FORMS = ("chunked", "recurrent", "parallel")
@@ -76,12 +76,17 @@ def torch_unnormalised_forward(
 ) -> Any:
     phi = elementwise(feature)
     fq, fk = phi(TORCH, q), phi(TORCH, k)
-    out = linear_recurrence(fq, fk, v, causal=causal, form=form, chunk_size=chunk_size)
-    if initial_state is None and not output_final_state:
-        return out / divisor
-    res = torch_state_terms(fq, fk, v, None, out, initial_state, output_final_state)
-    out, final = res if output_final_state else (res, None)
-    return (out / divisor, final) if output_final_state else out / divisor
+    res = linear_recurrence(
+        fq,
+        fk,
+        v,
+        causal=causal,
+        form=form,
+        chunk_size=chunk_size,
+        initial_state=initial_state,
+        output_final_state=output_final_state,
+    )
+    return (res[0] / divisor, res[1]) if output_final_state else res / divisor
 
 
 def features(ar: Any, q: Any, k: Any, *, feature: str, **_: Any) -> tuple[Any, Any]:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..forms import linear_recurrence
-from .common import causal_keep, standardise, torch_state_terms
+from .common import causal_keep, standardise
 from .spec import Variant
 
 
@@ -94,11 +94,18 @@ def torch_forward(
     s = 1.0 / math.sqrt(dk) if scale is None else scale
     lg = torch.as_tensor(np.log(head_gammas(H, gamma)), dtype=torch.promote_types(q.dtype, torch.float32))
     g = lg.to(q.device).reshape(1, H, 1, 1).expand(B, H, N, 1)
-    out = linear_recurrence(q * s, k, v, g, causal=True, form=form, chunk_size=chunk_size)
-    final = None
-    if initial_state is not None or output_final_state:
-        res = torch_state_terms(q * s, k, v, g, out, initial_state, output_final_state)
-        out, final = res if output_final_state else (res, None)
+    res = linear_recurrence(
+        q * s,
+        k,
+        v,
+        g,
+        causal=True,
+        form=form,
+        chunk_size=chunk_size,
+        initial_state=initial_state,
+        output_final_state=output_final_state,
+    )
+    out, final = res if output_final_state else (res, None)
     out = standardise(TORCH, out, norm_eps) if group_norm else out
     return (out, final) if output_final_state else out
 
