@@ -197,3 +197,21 @@ def gla_packed_leaking_state(q, k, v, *, causal, g, cu_seqlens=None, initial_sta
         q, k, v, causal=True, g=g, cu_seqlens=cu_seqlens, initial_state=initial_state, output_final_state=True
     )
     return out, packed[1]
+
+
+def gla_uninitialised_state(q, k, v, *, causal, g, initial_state=None, output_final_state=False):
+    """GLA that, without an initial_state, starts from whatever its state buffer held (here 1e-3 everywhere)
+    instead of zero; given a state it is correct."""
+    if initial_state is None:
+        initial_state = q.new_full((q.shape[0], q.shape[1], q.shape[-1], v.shape[-1]), 1e-3, dtype=torch.float32)
+    return V.get("gla").torch(
+        q, k, v, causal=True, g=g, initial_state=initial_state, output_final_state=output_final_state
+    )
+
+
+def gla_state_as_dv_dk(q, k, v, *, causal, g, initial_state=None, output_final_state=False):
+    """Returns its final state as (B, H, d_v, d_k): a wrong shape whenever d_k != d_v."""
+    res = V.get("gla").torch(
+        q, k, v, causal=True, g=g, initial_state=initial_state, output_final_state=output_final_state
+    )
+    return (res[0], res[1].transpose(-1, -2)) if output_final_state else res

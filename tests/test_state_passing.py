@@ -4,7 +4,7 @@ propagation term is exact where it can be (q >= 0, a non-negative state error)."
 
 import numpy as np
 import pytest
-from broken import gla_ignoring_initial_state, gla_transposed_state
+from broken import gla_ignoring_initial_state, gla_state_as_dv_dk, gla_transposed_state, gla_uninitialised_state
 
 from gramcheck import properties as P
 from gramcheck import variants as V
@@ -74,3 +74,29 @@ def test_split_points_reach_chunk_boundaries():
         assert 1 <= t <= 199
         hits.add(t)
     assert hits & {63, 64, 65} and hits & {127, 128, 129}
+
+
+def test_uninitialised_state_fails_zero_initial_state():
+    r = check(
+        gla_uninitialised_state, "gla", causal=True, properties=["zero-initial-state", "state-agreement"], domain=DOMAIN
+    )
+    assert not r["zero-initial-state"].passed and r["state-agreement"].passed, r.summary()
+
+
+def test_state_of_the_wrong_shape_or_type_is_a_target_failure():
+    from gramcheck.targets import Target
+
+    t = Target(gla_state_as_dv_dk, "gla")
+    rng = np.random.default_rng(0)
+    q, k = rng.standard_normal((2, 1, 1, 4, 3))
+    v = rng.standard_normal((1, 1, 4, 2))
+    g = -np.ones((1, 1, 4, 3))
+    f = P.get("state-agreement").fn(t, AttentionInputs(q, k, v, {"g": g}, dtype="float32"), causal=True)
+    assert not f.passed and f.details["failure"] == "wrong-shape" and "(B, H, d_k, d_v)" in f.details["error"]
+
+    def no_pair(q, k, v, *, causal, g, initial_state=None, output_final_state=False):
+        return V.get("gla").torch(q, k, v, causal=True, g=g, initial_state=initial_state)
+
+    t2 = Target(no_pair, "gla")
+    f2 = P.get("state-split").fn(t2, AttentionInputs(q, k, q, {"g": g}, dtype="float32"), causal=True)
+    assert not f2.passed and f2.details["failure"] == "wrong-type"
