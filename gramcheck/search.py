@@ -19,7 +19,7 @@ from . import threads as _threads
 from .findings import Finding
 from .locate import annotate
 from .properties import Property
-from .strategies import attention_inputs, profile, sample
+from .strategies import HEAD_SIZES, attention_inputs, profile, sample
 from .targets import Target
 from .validation import check_choice
 
@@ -163,6 +163,7 @@ def _run_property(
         "chunks": domain.chunks,
         "budget": domain.budget,
         "gate_regimes": domain.gates,
+        "head_sizes": HEAD_SIZES,
     }
     strategy = attention_inputs(target.variant, dtype=target.dtype, kinds=kinds, **sizes)
     base = profile(profile_name)

@@ -292,11 +292,12 @@ def attention_inputs(
     chunks: Sequence[int] = (),
     budget: int | None = None,
     gate_regimes: Sequence[str] | None = None,
+    head_sizes: Sequence[int] = (),
 ) -> AttentionInputs:
     """Adversarial inputs for ``variant`` (a name, a Variant or None for plain q, k, v): one of
     ``kinds`` (default all) with sizes B <= max_b, H <= max_h, N <= max_n, d <= max_d, rounded to
     ``dtype``. N is drawn at the boundaries of ``chunks`` (c - 1, c, c + 1, 2c - 1, 2c, 2c + 1) half
-    the time, d at the production head sizes within range half the time, and B * H * N * d is kept
+    the time, d at the ``head_sizes`` within range half the time, and B * H * N * d is kept
     within ``budget`` (d reduced first, then N, not below min_d / min_n). Extras: log-decays ``g`` for
     gated variants (``gate`` fixes their regime, ``gate_regimes`` limits the choice), an orthogonal random
     ``projection`` (m, d), m = 2 d by default, for random-feature variants. Shrinks toward
@@ -316,7 +317,7 @@ def attention_inputs(
     B = draw(st.integers(1, max(1, max_b)))
     H = draw(st.integers(1, max(1, max_h)))
     boundaries = sorted({m + o for c in chunks for m in (c, 2 * c) for o in (-1, 0, 1) if min_n <= m + o <= max_n})
-    heads = [h for h in HEAD_SIZES if min_d <= h <= max_d]
+    heads = [h for h in head_sizes if min_d <= h <= max_d]
     if kind == "long":
         N = draw(st.integers(max(min_n, max_n // 2), max_n))
         d = draw(st.integers(min_d, max(min_d, min(max_d, 4))))

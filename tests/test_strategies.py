@@ -137,6 +137,8 @@ def test_gates_promise_their_memory(data):
         assert np.all(alpha >= 0.99)
     elif ex.meta["gate"] == "short-memory":
         assert np.all(alpha <= 0.05 + 1e-12)
+    elif ex.meta["gate"] == "extreme":
+        assert np.all((ex.extras["g"] >= -100) & (ex.extras["g"] <= 0))
     else:
         assert np.all(alpha[..., 0::2] >= 0.99) and np.all(alpha[..., 1::2] <= 0.05 + 1e-12)
 
