@@ -72,3 +72,19 @@ def test_float64_targets_are_left_to_gradcheck():
     f = r.findings[0]
     assert f.passed and "gradcheck" in f.details["note"]
     assert torch.get_default_dtype() == torch.float32 and np.isfinite(f.measured)
+
+
+@pytest.mark.parametrize("form", ["chunked", "recurrent", "parallel"])
+def test_gated_forms_backward_is_finite_under_strong_decays(form):
+    """The bug backward-agreement found (finite-gradients too): a decay of e^-91 on one token must not give
+    NaN gradients (exp(-b) overflowing float32 inside a chunk's backward)."""
+    from gramcheck.forms import linear_recurrence
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 1, 3, 2, generator=gen).requires_grad_() for _ in range(3))
+    g = torch.full((1, 1, 3, 2), -91.0, requires_grad=True)
+    out = linear_recurrence(q, k, v, g, causal=True, form=form, chunk_size=16)
+    grads = torch.autograd.grad(out.sum(), (q, k, v, g))
+    assert all(bool(torch.isfinite(x).all()) for x in grads), [
+        n for n, x in zip("qkvg", grads) if not x.isfinite().all()
+    ]
