@@ -86,5 +86,5 @@ def test_gated_forms_backward_is_finite_under_strong_decays(form):
     out = linear_recurrence(q, k, v, g, causal=True, form=form, chunk_size=16)
     grads = torch.autograd.grad(out.sum(), (q, k, v, g))
     assert all(bool(torch.isfinite(x).all()) for x in grads), [
-        n for n, x in zip("qkvg", grads) if not x.isfinite().all()
+        n for n, x in zip("qkvg", grads, strict=True) if not x.isfinite().all()
     ]
