@@ -75,7 +75,8 @@ def check(
 
     ``properties``: names from ``gramcheck.properties.names()`` (default: every property applicable to
     the variant, mode and dtype); ``domain``: a ``Domain`` or its fields as a dict (kinds, max_n, max_d,
-    max_b, max_h, examples); ``profile``: 'ci' (fast, derandomised) or 'thorough'; ``params``: the
+    max_b, max_h, examples, chunks, budget, gates, grad_max_n; sizes default to the profile's);
+    ``profile``: 'ci' (fast, derandomised) or 'thorough'; ``params``: the
     hyperparameters the target implements (passed to the reference); ``progress(name, done, total)`` is
     called before each property and once at the end (name ''); ``threads``: torch and BLAS threads
     while checking (default $GRAMCHECK_THREADS, else 1: the inputs are tiny and a parallel region costs
