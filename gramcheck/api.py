@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import properties as _properties
+from . import threads as _threads
 from . import variants as _variants
 from .findings import Finding
 from .precision import dtype_name
@@ -119,18 +120,22 @@ def check(
     on_finding: Callable[[Finding, int, int], None] | None = None,
     memory_budget: float | None = None,
     isolation: str = DEFAULT_ISOLATION,
+    threads: int | None = None,
 ) -> Report:
     """Check ``target`` as an implementation of ``variant`` (B, H, N, d layout) and return a Report.
 
     ``properties``: names from ``gramcheck.properties.names()`` (default: every property applicable to
     the variant, mode and dtype); ``domain``: a ``Domain`` or its fields as a dict (kinds, max_n, max_d,
-    max_b, max_h, examples); ``profile``: 'ci' (fast, seeded by ``seed``) or 'thorough'; ``params``: the
+    max_b, max_h, examples, chunks, budget, gates, grad_max_n; sizes default to the profile's);
+    ``profile``: 'ci' (fast, seeded by ``seed``) or 'thorough'; ``params``: the
     hyperparameters the target implements (passed to the reference); ``progress(name, done, total)`` is
     called before each property and once at the end (name ''); ``on_finding(finding, done, total)`` as
     each property finishes. ``memory_budget`` (bytes; default ``search.MEMORY_BUDGET``) bounds the
     estimated memory of the largest input (``Domain.memory_estimate``): a larger domain is a ValueError
     before anything runs. ``isolation``: 'thread' (the target runs on a worker thread of this process)
-    or 'process' (in a worker process that is killed after a timeout and restarted after a crash)."""
+    or 'process' (in a worker process that is killed after a timeout and restarted after a crash);
+    ``threads``: torch and BLAS threads while checking (default $GRAMCHECK_THREADS, else 1: the inputs
+    are tiny and a parallel region costs more than their work; 0 leaves the settings alone)."""
     check_choice("profile", profile, tuple(PROFILES))
     check_choice("isolation", isolation, ISOLATIONS)
     seed = _check_seed(seed)
@@ -154,13 +159,16 @@ def check(
         params=dict(t.overrides),
         requested=None if properties is None else [p.name for p in props],
     )
+    n_threads = _threads.resolve(threads)  # validated before any work
     if isolation == "process":
         t = t.isolated()
     try:
         for i, p in enumerate(props):
             if progress is not None:
                 progress(p.name, i, len(props))
-            f = run_property(p, t, causal=causal, domain=dom, profile_name=profile, seed=seed)
+            f = run_property(
+                p, t, causal=causal, domain=dom, profile_name=profile, seed=seed, threads=n_threads
+            )
             report.findings.append(f)
             if on_finding is not None:
                 on_finding(f, i + 1, len(props))

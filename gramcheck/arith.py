@@ -438,12 +438,18 @@ class BallArith(Arith):
         """gamma_n at this arithmetic's unit roundoff (precision.gamma: inf where n u >= 1)."""
         return gamma(n, u=self.b.u)
 
+    # An exact operand (radius all zero) skips the radius terms it would contribute: they are exact
+    # zeros, and x + 0 = x, so the radii are bit-for-bit those of the general formula.
+    @staticmethod
+    def _exact(x: Ball) -> bool:
+        return not np.any(x.rad)
+
     def sum(self, x: Ball, axis: int, keepdims: bool = False) -> Ball:
         n = np.shape(x.mid)[axis]
         y = np.sum(x.mid, axis=axis, keepdims=keepdims)
-        r = np.sum(x.rad, axis=axis, keepdims=keepdims) + self._gammas(max(n - 1, 0)) * np.sum(
-            np.abs(x.mid), axis=axis, keepdims=keepdims
-        )
+        r = self._gammas(max(n - 1, 0)) * np.sum(np.abs(x.mid), axis=axis, keepdims=keepdims)
+        if not self._exact(x):
+            r = np.sum(x.rad, axis=axis, keepdims=keepdims) + r
         return Ball(self, y, self._inflate(r, n + 2))
 
     def cumsum(self, x: Ball, axis: int) -> Ball:
@@ -452,16 +458,26 @@ class BallArith(Arith):
         shape = [1] * np.ndim(x.mid)
         shape[axis] = n
         g = self._gammas(self.b.asarray(np.arange(n, dtype=np.float64))).reshape(shape)  # gamma_{k-1}
-        r = np.cumsum(x.rad, axis=axis) + g * np.cumsum(np.abs(x.mid), axis=axis)
+        r = g * np.cumsum(np.abs(x.mid), axis=axis)
+        if not self._exact(x):
+            r = np.cumsum(x.rad, axis=axis) + r
         return Ball(self, y, self._inflate(r, n + 2))
 
     def matmul(self, a: Any, b: Any) -> Ball:
+        """Radius |a| rad_b + rad_a (|b| + rad_b) + gamma_n |a| |b| + n eta, computed as
+        (gamma_n |a| + rad_a) |b| + (|a| + rad_a) rad_b: two radius products, one when b is exact
+        (four before: proofs/ball-arithmetic.md); every term is non-negative, and the inflation by
+        (1 + 2 (n + 6) u) covers the n + 4 roundings on the longest path plus gamma_n's own."""
         a, b = self._lift(a), self._lift(b)
         n = np.shape(a.mid)[-1]
         y = np.matmul(a.mid, b.mid)
         aa, ab = np.abs(a.mid), np.abs(b.mid)
-        r = np.matmul(aa, b.rad) + np.matmul(a.rad, ab + b.rad) + self._gammas(n) * np.matmul(aa, ab) + n * self._eta
-        return Ball(self, y, self._inflate(r, n + 4))
+        a_exact = self._exact(a)
+        left = self._gammas(n) * aa
+        r = np.matmul(left if a_exact else left + a.rad, ab)
+        if not self._exact(b):
+            r = r + np.matmul(aa if a_exact else aa + a.rad, b.rad)
+        return Ball(self, y, self._inflate(r + n * self._eta, n + 6))
 
 
 class _ModelBackend(_F64Backend):

@@ -1,30 +1,38 @@
 """Torch computational forms of the (gated) linear recurrence that every linear variant reduces to.
 
-With feature-mapped queries and keys q, k (B, H, N, d_k), values v (B, H, N, d_v) and optional
-log-decays g (B, H, N, d_k) or (B, H, N, 1), g <= 0, b_t = sum_{s<=t} g_s:
+With feature-mapped queries and keys q, k (B, H, N, d_k), values v (B, H, N, d_v), optional
+log-decays g (B, H, N, d_k) or (B, H, N, 1), g <= 0, b_t = sum_{s<=t} g_s, and an optional initial
+state S_0 (B, H, d_k, d_v) (zero when absent):
 
-    causal:     o_t = sum_{s<=t} (q_t * exp(b_t - b_s)) . k_s  v_s
+    causal:     o_t = (q_t * exp(b_t))^T S_0 + sum_{s<=t} (q_t * exp(b_t - b_s)) . k_s  v_s
                 i.e.  S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T,  o_t = S_t^T q_t
-    non-causal: o_t = sum_s (q_t . k_s) v_s = q_t^T (K^T V)         (no decay)
+    non-causal: o_t = q_t^T (S_0 + K^T V)                        (no decay)
 
-Three forms compute it:
+and, on request, the final state S_N (non-causal: S_0 + K^T V). Three forms compute it:
 * ``parallel``: non-causal q (K^T V) in O(N d_k d_v) (cumsum-free); causal only for the gated variants,
   as the quadratic masked form ((Q K^T) * D) V with the decay matrix D, which materialises N x N.
 * ``recurrent``: the state recurrence, one token at a time.
 * ``chunked``: exact inter-chunk states plus the masked product inside each chunk of ``chunk_size``
   tokens (any size >= 1; the last chunk may be short). Decays enter only as exp(b_t - b_s) with
   t >= s inside a chunk and as the decay from a chunk's start or to its end, all with non-positive
-  exponents: nothing overflows however long the sequence or strong the decay.
+  exponents: nothing overflows however long the sequence or strong the decay. Per-channel decays inside
+  a chunk use secondary chunking (``_channel_decayed_intra``): sub-blocks of SUB_BLOCK tokens, the
+  factored q_t exp(b_t - b_r) . k_s exp(b_r - b_s) with a reference token r per sub-block, the exact
+  per-pair form only in a sub-block whose decay is too strong to factor; memory O(N d) for
+  chunk_size >= d_k (the (C, C, d_k) decay tensor is never built).
 
 Gate cumulative sums are accumulated in float64 and the states S (sums over up to N tokens) in at least
 float32 (fla's kernels use float32 for both; float32 cumulative gates lost accuracy in our tests, see
-``_gate_dtype``); products inside a chunk run in the data dtype, and the output is cast back to it.
+``_gate_dtype``); products inside a chunk run in the data dtype (per-channel decays: in the state's
+dtype), and the output is cast back to it.
 (Accumulating the state in bfloat16 made the chunked form three times less accurate than the naive
 definition in bfloat16: the low-precision rule, proofs/low-precision-rule.md, caught it.)
 """
 
 from __future__ import annotations
 
+import functools
+import math
 from typing import Any
 
 from .validation import check_choice, check_positive_int
@@ -36,6 +44,14 @@ def _torch() -> Any:
     import torch
 
     return torch
+
+
+@functools.lru_cache(maxsize=64)
+def _causal_mask(n: int, device: Any) -> Any:
+    """The (n, n) lower-triangular boolean mask, cached per size and device (a fresh ``tril`` costs a
+    parallel region per call; callers never write to it)."""
+    torch = _torch()
+    return torch.ones(n, n, dtype=torch.bool, device=device).tril()
 
 
 def _acc_dtype(x: Any) -> Any:
@@ -53,6 +69,32 @@ def _gate_dtype(x: Any) -> Any:
     return torch.float32 if x.device.type == "mps" else torch.float64
 
 
+SUB_BLOCK = 16  # secondary chunk of the per-channel decayed form (fla's chunk_gla uses 16 too)
+
+
+def _factor_limit(dtype: Any) -> float:
+    """Largest exponent a factored decay may carry: exp(+-limit) times an input stays far inside the
+    format's range (float32: 22.2, float64: 177)."""
+    torch = _torch()
+    return math.log(torch.finfo(dtype).max) / 4
+
+
+def _check_state(s0: Any, q: Any, v: Any) -> Any:
+    """initial_state validated and cast to the accumulation dtype (None stays None)."""
+    if s0 is None:
+        return None
+    torch = _torch()
+    expected = (*q.shape[:2], q.shape[-1], v.shape[-1])
+    if not isinstance(s0, torch.Tensor) or not s0.is_floating_point():
+        raise TypeError(
+            f"initial_state: got {type(s0).__name__} {getattr(s0, 'dtype', '')}; expected a floating-point "
+            f"torch.Tensor of shape {expected} (B, H, d_k, d_v)"
+        )
+    if tuple(s0.shape) != expected:
+        raise ValueError(f"initial_state: got shape {tuple(s0.shape)}; expected {expected} (B, H, d_k, d_v)")
+    return s0.to(device=q.device, dtype=_acc_dtype(q))
+
+
 def linear_recurrence(
     q: Any,
     k: Any,
@@ -62,16 +104,25 @@ def linear_recurrence(
     causal: bool,
     form: str = "chunked",
     chunk_size: int = 64,
+    initial_state: Any = None,
+    output_final_state: bool = False,
 ) -> Any:
-    """Dispatch to one form; see the module docstring for the formula and shapes."""
+    """Dispatch to one form; see the module docstring for the formula and shapes.
+
+    ``initial_state`` (B, H, d_k, d_v) is S_0 (zero when None); with ``output_final_state`` the result
+    is ``(out, S_N)``, S_N in the accumulation dtype (at least float32), so that running two segments
+    with the first's final state as the second's initial state equals one pass over both."""
     check_choice("form", form, FORMS)
     if g is not None and not causal:
         raise ValueError("causal: got False with decays g; expected causal=True (decayed recurrences are causal)")
+    s0 = _check_state(initial_state, q, v)
     if form == "parallel":
-        return parallel(q, k, v, g, causal=causal)
-    if form == "recurrent":
-        return recurrent(q, k, v, g, causal=causal)
-    return chunked(q, k, v, g, causal=causal, chunk_size=chunk_size)
+        out, state = _parallel(q, k, v, g, causal, s0, output_final_state)
+    elif form == "recurrent":
+        out, state = _recurrent(q, k, v, g, causal, s0)
+    else:
+        out, state = _chunked(q, k, v, g, causal, check_positive_int("chunk_size", chunk_size), s0)
+    return (out, state) if output_final_state else out
 
 
 def _decay_matrix(bt: Any, bs: Any, mask: Any) -> Any:
@@ -84,34 +135,75 @@ def _decay_matrix(bt: Any, bs: Any, mask: Any) -> Any:
 def _decayed_scores(q: Any, k: Any, bq: Any, bk: Any, mask: Any) -> Any:
     """A_ts = sum_c q_tc k_sc exp(b_tc - b_sc) on the mask (scalar decay when b has one channel)."""
     torch = _torch()
-    decay = _decay_matrix(bq, bk, mask).to(q.dtype)
     if bq.shape[-1] == 1:
-        return (q @ k.transpose(-1, -2)) * decay[..., 0]
+        return (q @ k.transpose(-1, -2)) * _scalar_decay(bq, bk, mask).to(q.dtype)
+    decay = _decay_matrix(bq, bk, mask).to(q.dtype)
     return torch.einsum("...tc,...sc,...tsc->...ts", q, k, decay)
 
 
-def parallel(q: Any, k: Any, v: Any, g: Any = None, *, causal: bool) -> Any:
+def _scalar_decay(bt: Any, bs: Any, mask: Any) -> Any:
+    """exp(b_t - b_s) on the mask, 0 above, for one decay channel: shapes (..., T, 1), (..., S, 1) ->
+    (..., T, S). Factored as exp(b_t) exp(-b_s) in float64 (T + S exponentials instead of T S; two
+    roundings of 2^-53) where the exponents stay within _factor_limit(float64) = 177 of zero; the rest
+    (a decay of more than 177 nats in one chunk) exactly per pair."""
     torch = _torch()
-    if not causal:
-        return q @ (k.transpose(-1, -2) @ v)
-    n = q.shape[-2]
-    mask = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
-    if g is None:
-        raise ValueError("form: 'parallel' is non-causal for ungated linear attention; use 'chunked' or 'recurrent'")
-    b = g.to(_gate_dtype(g)).cumsum(-2)
-    return _decayed_scores(q, k, b, b, mask) @ v
+    bt, bs = bt[..., 0], bs[..., 0]
+    limit = _factor_limit(torch.float64)
+    ok = (bt.abs().amax(-1) <= limit) & (bs.abs().amax(-1) <= limit)  # per chunk (leading dims)
+    if bt.dtype != torch.float64 or not bool(ok.all()):
+        return (bt.unsqueeze(-1) - bs.unsqueeze(-2)).masked_fill(~mask, -float("inf")).exp()
+    return (bt.exp().unsqueeze(-1) * (-bs).exp().unsqueeze(-2)).masked_fill_(~mask, 0.0)
+
+
+def parallel(q: Any, k: Any, v: Any, g: Any = None, *, causal: bool) -> Any:
+    """The parallel form (see the module docstring)."""
+    return _parallel(q, k, v, g, causal, None, False)[0]
 
 
 def recurrent(q: Any, k: Any, v: Any, g: Any = None, *, causal: bool) -> Any:
+    """The recurrent form (see the module docstring)."""
+    return _recurrent(q, k, v, g, causal, None)[0]
+
+
+def chunked(q: Any, k: Any, v: Any, g: Any = None, *, causal: bool, chunk_size: int = 64) -> Any:
+    """The chunked form (see the module docstring)."""
+    return _chunked(q, k, v, g, causal, check_positive_int("chunk_size", chunk_size), None)[0]
+
+
+def _parallel(q: Any, k: Any, v: Any, g: Any, causal: bool, s0: Any, want_state: bool) -> tuple[Any, Any]:
+    acc = _acc_dtype(q)
+    if not causal:
+        if s0 is None and not want_state:
+            return q @ (k.transpose(-1, -2) @ v), None
+        state = k.to(acc).transpose(-1, -2) @ v.to(acc)
+        state = state if s0 is None else s0 + state
+        return (q.to(acc) @ state).to(q.dtype), state
+    if g is None:
+        raise ValueError("form: 'parallel' is non-causal for ungated linear attention; use 'chunked' or 'recurrent'")
+    b = g.to(_gate_dtype(g)).cumsum(-2)
+    out = _decayed_scores(q, k, b, b, _causal_mask(q.shape[-2], q.device)) @ v
+    if s0 is None and not want_state:
+        return out, None
+    last = b[..., -1:, :]
+    out = out.to(acc)
+    if s0 is not None:
+        out = out + (q.to(acc) * b.exp().to(acc)) @ s0
+    state = (k.to(acc) * (last - b).exp().to(acc)).transpose(-1, -2) @ v.to(acc)
+    if s0 is not None:
+        state = state + last[..., 0, :, None].exp().to(acc) * s0
+    return out.to(q.dtype), state
+
+
+def _recurrent(q: Any, k: Any, v: Any, g: Any, causal: bool, s0: Any) -> tuple[Any, Any]:
     torch = _torch()
     B, H, N, dk = q.shape
     acc = _acc_dtype(q)
     qa, ka, va = q.to(acc), k.to(acc), v.to(acc)
-    state = qa.new_zeros(B, H, dk, v.shape[-1])
+    state = qa.new_zeros(B, H, dk, v.shape[-1]) if s0 is None else s0
     if not causal:
         for t in range(N):
             state = state + ka[:, :, t, :, None] * va[:, :, t, None, :]
-        return (qa @ state).to(q.dtype)
+        return (qa @ state).to(q.dtype), state
     alpha = None if g is None else g.to(acc).exp()
     outs = []
     for t in range(N):
@@ -119,7 +211,7 @@ def recurrent(q: Any, k: Any, v: Any, g: Any = None, *, causal: bool) -> Any:
             state = alpha[:, :, t, :, None] * state
         state = state + ka[:, :, t, :, None] * va[:, :, t, None, :]
         outs.append((qa[:, :, t, None, :] @ state)[:, :, 0, :])
-    return torch.stack(outs, dim=2).to(q.dtype)
+    return torch.stack(outs, dim=2).to(q.dtype), state
 
 
 def pad_chunks(x: Any, c: int) -> Any:
@@ -132,36 +224,104 @@ def pad_chunks(x: Any, c: int) -> Any:
     return x.reshape(B, H, -1, c, e)
 
 
-def chunked(q: Any, k: Any, v: Any, g: Any = None, *, causal: bool, chunk_size: int = 64) -> Any:
+def _chunked(q: Any, k: Any, v: Any, g: Any, causal: bool, c: int, s0: Any) -> tuple[Any, Any]:
     torch = _torch()
-    c = check_positive_int("chunk_size", chunk_size)
     B, H, N, dk = q.shape
     dv = v.shape[-1]
     qc, kc, vc = pad_chunks(q, c), pad_chunks(k, c), pad_chunks(v, c)
-    nc = qc.shape[2]
     acc = _acc_dtype(q)
+    nc = qc.shape[2]
+    state = q.new_zeros(B, H, dk, dv, dtype=acc) if s0 is None else s0
     if not causal:
-        state = q.new_zeros(B, H, dk, dv, dtype=acc)
         for i in range(nc):
             state = state + kc[:, :, i].transpose(-1, -2).to(acc) @ vc[:, :, i].to(acc)
-        return (q.to(acc) @ state).to(q.dtype)
-    mask = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
+        return (q.to(acc) @ state).to(q.dtype), state
+    mask = _causal_mask(c, q.device)
     if g is None:
-        scores = (qc @ kc.transpose(-1, -2)) * mask.to(q.dtype)
+        intra = ((qc @ kc.transpose(-1, -2)) * mask.to(q.dtype)) @ vc
         q_in, k_out, carry = qc, kc, None
     else:
         bl = pad_chunks(g.to(_gate_dtype(g)), c).cumsum(-2)  # log-decay from chunk start through t
         last = bl[..., -1:, :]
-        scores = _decayed_scores(qc, kc, bl, bl, mask)
         q_in = qc.to(acc) * bl.exp().to(acc)  # decay of the incoming state up to t
+        if bl.shape[-1] == 1:
+            intra = _scalar_decayed_scores(qc, q_in, kc, bl, mask) @ vc.to(acc)
+        else:
+            intra = _channel_decayed_intra(qc, kc, vc, bl, mask)
         k_out = kc.to(acc) * (last - bl).exp().to(acc)  # decay from s to the chunk's end
         carry = last[..., 0, :].exp().to(acc)  # (B, H, nc, d_k): decay across a whole chunk
     updates = k_out.to(acc).transpose(-1, -2) @ vc.to(acc)  # (B, H, nc, d_k, d_v), accumulated in acc
     states = []
-    state = q.new_zeros(B, H, dk, dv, dtype=acc)
     for i in range(nc):
         states.append(state)
         state = (state if carry is None else carry[:, :, i, :, None] * state) + updates[:, :, i]
     incoming = torch.stack(states, dim=2)
-    out = (scores @ vc).to(acc) + q_in.to(acc) @ incoming
-    return out.to(q.dtype).reshape(B, H, nc * c, dv)[:, :, :N]
+    out = intra.to(acc) + q_in.to(acc) @ incoming
+    return out.to(q.dtype).reshape(B, H, nc * c, dv)[:, :, :N], state
+
+
+def _scalar_decayed_scores(qc: Any, q_in: Any, kc: Any, bl: Any, mask: Any) -> Any:
+    """Masked A_ts = q_t . k_s exp(b_t - b_s) inside every chunk for one decay channel, from
+    q_in = q_t exp(b_t) (b from the chunk's start, <= 0): A = q_in (k exp(-b))^T, whose key factor is
+    at most exp(span), span = -b at the chunk's end. Chunks with span > _factor_limit (a decay too
+    strong to factor in this dtype) are computed per pair (``_decayed_scores``)."""
+    torch = _torch()
+    acc = q_in.dtype
+    scores = torch.where(mask, q_in @ (kc.to(acc) * (-bl).exp().to(acc)).transpose(-1, -2), 0.0)
+    bad = (-bl[..., -1, 0] > _factor_limit(acc)).nonzero(as_tuple=True)
+    if bad[0].numel():
+        scores[bad] = _decayed_scores(qc[bad].to(acc), kc[bad].to(acc), bl[bad], bl[bad], mask)
+    return scores
+
+
+def _channel_decayed_intra(qc: Any, kc: Any, vc: Any, bl: Any, mask: Any) -> Any:
+    """sum_{s <= t in the chunk} sum_c q_tc k_sc exp(b_tc - b_sc) v_s for per-channel decays, in the
+    accumulation dtype, without the (C, C, d_k) decay tensor: sub-blocks of SUB_BLOCK tokens. For query
+    sub-block [a, e) against earlier keys s < a, with the reference b_a,
+
+        q_tc exp(b_tc - b_ac) . k_sc exp(b_ac - b_sc),   both exponents <= 0 (b is non-increasing),
+
+    so neither factor can overflow and their product is exp(b_tc - b_sc) to two roundings. Inside the
+    sub-block (``_diagonal_scores``) the reference is its middle token, exact per pair where the decay
+    across the sub-block is too strong to factor."""
+    acc = _acc_dtype(qc)
+    C = qc.shape[-2]
+    sb = min(SUB_BLOCK, C)
+    qa, ka = qc.to(acc), kc.to(acc)
+    scores = qa.new_zeros(*qa.shape[:-1], C)  # (B, H, nc, C, C)
+    for a in range(0, C, sb):
+        e = min(a + sb, C)
+        if a:
+            ref = bl[..., a : a + 1, :]
+            qf = qa[..., a:e, :] * (bl[..., a:e, :] - ref).exp().to(acc)
+            kf = ka[..., :a, :] * (ref - bl[..., :a, :]).exp().to(acc)
+            scores[..., a:e, :a] = qf @ kf.transpose(-1, -2)
+        scores[..., a:e, a:e] = _diagonal_scores(
+            qa[..., a:e, :], ka[..., a:e, :], bl[..., a:e, :], mask[: e - a, : e - a]
+        )
+    return scores @ vc.to(acc)
+
+
+_PAIR_BATCH = 1 << 22  # elements of the per-pair decay tensor built at once in the fallback
+
+
+def _diagonal_scores(q: Any, k: Any, b: Any, mask: Any) -> Any:
+    """Masked A_ts = sum_c q_tc k_sc exp(b_tc - b_sc) inside one sub-block of every chunk, shapes
+    (..., s, d_k) -> (..., s, s). Factored about the middle token m: exp(b_t - b_m) and exp(b_m - b_s)
+    lie within exp(+-span), span = max(b_0 - b_m, b_m - b_last) per channel; where span exceeds
+    ``_factor_limit`` (a decay too strong to factor) that sub-block is computed per pair, exactly as the
+    definition, in batches of at most _PAIR_BATCH decay entries."""
+    torch = _torch()
+    s = q.shape[-2]
+    bm = b[..., s // 2 : s // 2 + 1, :]
+    qf = q * (b - bm).exp().to(q.dtype)
+    kf = k * (bm - b).exp().to(q.dtype)
+    scores = torch.where(mask, qf @ kf.transpose(-1, -2), 0.0)  # entries above the diagonal may be inf
+    span = torch.maximum(b[..., 0, :] - bm[..., 0, :], bm[..., 0, :] - b[..., -1, :]).amax(-1)
+    bad = (span > _factor_limit(q.dtype)).nonzero(as_tuple=True)
+    if bad[0].numel():
+        step = max(1, _PAIR_BATCH // (s * s * q.shape[-1]))
+        for i in range(0, bad[0].numel(), step):
+            idx = tuple(ix[i : i + step] for ix in bad)
+            scores[idx] = _decayed_scores(q[idx], k[idx], b[idx], b[idx], mask)
+    return scores

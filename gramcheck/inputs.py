@@ -56,6 +56,12 @@ class InputSpec:
     def per_token(self) -> bool:
         return "N" in self.axes
 
+    @property
+    def log_decay(self) -> bool:
+        """A per-token log-decay (every entry <= 0, unbounded below): its gradient is a reverse sum of
+        terms that cancel, and its absolute value is no meaningful magnitude."""
+        return self.per_token and self.high == 0.0 and self.low == -math.inf
+
     def shape(self, dims: Mapping[str, int]) -> tuple[int, ...]:
         """The expected shape given the sizes of the axes."""
         return tuple(int(dims[a]) for a in self.axes)

@@ -3,9 +3,11 @@
 ``truth`` evaluates the variant's definition in float64 ball arithmetic, which yields the float64
 result together with a rigorous bound on its distance from the exact real result (proofs/
 ball-arithmetic.md). Where that bound already meets the requested accuracy the float64 result is
-returned; elsewhere the definition is re-evaluated in mpmath ball arithmetic with a precision chosen
-from the shortfall (the bits float64 lacked, plus guard bits), doubling until the bound is met or
-``max_prec`` is reached. The returned bound always covers the final rounding to float64.
+returned; elsewhere the definition is re-evaluated in mpmath ball arithmetic, on the batch items that
+fell short (and, for a causal evaluation of an exactly causal variant, only the tokens up to the last
+entry that fell short), with a precision chosen from the shortfall (the bits float64 lacked, plus guard
+bits) and raised by the shortfall measured at that precision until the bound is met or ``max_prec`` is
+reached. The returned bound always covers the final rounding to float64.
 """
 
 from __future__ import annotations
@@ -59,13 +61,15 @@ def truth(
     digits: float | None = 10.0,
     atol: Any = None,
     max_prec: int = 2048,
+    rows: bool = True,
     **kwargs: Any,
 ) -> Truth:
     """The exact output of ``variant`` on float64 inputs q, k, v (B, H, N, d) to ``digits`` correct
     significant digits componentwise, or within ``atol`` (scalar or array) where that is larger.
 
     ``digits`` above about 15.6 cannot be represented in float64; the bound then reflects float64
-    rounding and ``met`` says whether the request was satisfied.
+    rounding and ``met`` says whether the request was satisfied. ``rows=False`` escalates the whole
+    tensor instead of the batch items and causal prefix that fell short (same truth, more work).
     """
     var = _variants.get(variant)
     if digits is None and atol is None:
@@ -87,36 +91,103 @@ def truth(
     if not need.any():
         return Truth(value, bound, "float64", 53, True, ~finite, tried)
 
-    # bits float64 lacked where it fell short; infinite radii (overflow, a denominator straddling 0)
-    # start from a generous guess and double
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        short = np.log2(bound[need] / np.maximum(tol[need], np.finfo(float).tiny))
-    short = np.where(np.isnan(short), np.inf, short)
-    finite_short = short[np.isfinite(short)]
-    extra = int(math.ceil(finite_short.max())) if finite_short.size else 64
-    if not np.all(np.isfinite(short)):
-        extra = max(extra, 64)
-    prec = max(64, 53 + extra + GUARD_BITS)
-    met = False
+    sub = _escalation_slice(var, need, (q, k, v), causal=causal, kwargs=kwargs) if rows else None
+    if sub is None:
+        idx: tuple[Any, ...] = (slice(None),)
+        qs, ks, vs, kw = q, k, v, kwargs
+    else:
+        idx, (qs, ks, vs, kw) = sub
+    # bits float64 lacked where it fell short; no finite radius (overflow, a denominator straddling 0):
+    # start at 53 + guard bits and measure
+    prec = min(max_prec, 53 + _shortfall_bits(bound[need], tol[need], default=0) + GUARD_BITS)
     while True:
         ar = BallMP(prec)
-        ball = var.reference(q, k, v, causal=causal, arith=ar, **kwargs)
+        ball = var.reference(qs, ks, vs, causal=causal, arith=ar, **kw)
         tried.append(ar.name)
         with ar.context():
             mid = ball.mid
-            value = ar.b.to_float64(mid)
-            undefined = ~np.isfinite(value) & _nonfinite_mid(mid)
+            val_s = ar.b.to_float64(mid)
+            undef_s = ~np.isfinite(val_s) & _nonfinite_mid(mid)
             # |float64(mid) - exact| <= rad + |mid - float64(mid)|
             rad = ar.radius(ball)
-            bound = rad + np.abs(ar.b.to_float64(mid - ar.b.asarray(np.where(undefined, 0.0, value))))
-        bound = np.where(undefined, np.inf, bound)
-        tol = _tolerance(np.where(undefined, 0.0, value), digits, atol)
+            bnd_s = rad + np.abs(ar.b.to_float64(mid - ar.b.asarray(np.where(undef_s, 0.0, val_s))))
+        bnd_s = np.where(undef_s, np.inf, bnd_s)
+        tol_s = _tolerance(np.where(undef_s, 0.0, val_s), digits, _atol_slice(atol, value.shape, idx))
         # the float64 rounding of the value is part of the bound; a request finer than float64 can hold
         # is met when the mpmath radius alone meets it
-        met = bool(np.all((rad <= tol) | undefined))
-        if met or prec * 2 > max_prec:
-            return Truth(value, bound, ar.name, prec, met, undefined, tried)
-        prec *= 2
+        short = (rad > tol_s) & ~undef_s
+        met = not bool(short.any())
+        if met or prec >= max_prec:
+            break
+        # raise the precision by the shortfall measured at this one (radii scale as 2^-prec), not past max_prec
+        prec = min(max_prec, prec + _shortfall_bits(rad[short], tol_s[short], default=prec) + GUARD_BITS)
+    value = value.copy()
+    bound = bound.copy()
+    undefined = ~finite
+    value[idx], bound[idx], undefined[idx] = val_s, bnd_s, undef_s
+    if sub is not None:
+        # entries outside the slice kept their float64 certificate, which met the request
+        met = met and not bool(need[_outside(idx, need.shape)].any())
+    return Truth(value, bound, ar.name, prec, met, undefined, tried)
+
+
+def _shortfall_bits(bound: np.ndarray, tol: np.ndarray, *, default: int) -> int:
+    """ceil(max log2(bound / tol)) over the finite ratios; ``default`` where none is finite."""
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        short = np.log2(bound / np.maximum(tol, np.finfo(float).tiny))
+    finite = short[np.isfinite(short)]
+    extra = int(math.ceil(finite.max())) if finite.size else default
+    if finite.size < short.size:
+        extra = max(extra, default)
+    return max(extra, 0)
+
+
+def _outside(idx: tuple[Any, ...], shape: tuple[int, ...]) -> np.ndarray:
+    inside = np.zeros(shape, dtype=bool)
+    inside[idx] = True
+    return ~inside
+
+
+def _atol_slice(atol: Any, shape: tuple[int, ...], idx: tuple[Any, ...]) -> Any:
+    if atol is None:
+        return None
+    return np.broadcast_to(np.asarray(atol, dtype=np.float64), shape)[idx]
+
+
+def _escalation_slice(
+    var: Any, need: np.ndarray, qkv: tuple[Any, ...], *, causal: bool, kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], tuple[Any, ...]] | None:
+    """(index into the output, (q, k, v, kwargs) of the sub-problem) covering every entry of ``need``,
+    or None when the whole problem is no larger. Batch items are independent in every definition (no
+    reduction crosses B); a causal evaluation of a variant that declares exact causality ("causal",
+    without "causal-rounding", whose exactness rests on a stabiliser cancelling) needs only the tokens up
+    to the last entry that fell short. Heads are never sliced: per-head hyperparameters (RetNet's
+    gamma_h) are indexed by head position and count. Packed sequences (cu_seqlens) are not sliced."""
+    if kwargs.get("cu_seqlens") is not None:
+        return None
+    B, _, N, _ = need.shape
+    batch = np.flatnonzero(need.any(axis=(1, 2, 3)))
+    prefix = N
+    if causal and "causal" in var.declares and "causal-rounding" not in var.declares:
+        prefix = int(np.flatnonzero(need.any(axis=(0, 1, 3))).max()) + 1
+    if batch.size == B and prefix == N:
+        return None
+    names = {getattr(i, "name", i): getattr(i, "axes", None) for i in var.inputs}
+    take = np.ix_(batch, np.arange(need.shape[1]), np.arange(prefix))  # (B', H, N') of (B, H, N)
+
+    def cut(x: Any, axes: Any) -> Any:
+        x = np.asarray(x)
+        if axes is not None:
+            if tuple(axes[:3]) == ("B", "H", "N"):
+                return x[take]
+            if "B" in axes or "N" in axes:
+                raise ValueError(f"input axes {axes}: expected (B, H, N, ...) for a per-token input")
+            return x
+        return x[take] if x.ndim >= 3 and x.shape[:3] == (B, need.shape[1], N) else x
+
+    qs = tuple(np.asarray(x)[take] for x in qkv)
+    kw = {n: (cut(x, names[n]) if n in names and x is not None else x) for n, x in kwargs.items()}
+    return (batch, slice(None), slice(0, prefix)), (*qs, kw)
 
 
 def _nonfinite_mid(mid: Any) -> np.ndarray:

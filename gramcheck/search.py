@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from hypothesis import HealthCheck, given, reject, settings
@@ -21,31 +21,56 @@ from hypothesis import seed as hseed
 from hypothesis import target as htarget
 from hypothesis.errors import Flaky, Unsatisfiable
 
+from . import threads as _threads
 from .findings import Finding
+from .locate import annotate
 from .properties import Property
-from .strategies import attention_inputs, profile
+from .strategies import HEAD_SIZES, attention_inputs, profile, sample
 from .targets import Target
+from .validation import check_choice
+
+# per profile: the largest N and d drawn and the compute budget on B * H * N * d (a ci check of one variant
+# stays under a minute on 2 cores: benchmarks/RESULTS.md)
+PROFILE_SIZES: dict[str, dict[str, int]] = {
+    "ci": {"max_n": 320, "max_d": 64, "budget": 2**14},
+    "thorough": {"max_n": 1024, "max_d": 128, "budget": 2**16},
+}
+# properties that differentiate the target: their own N cap, unless the domain sets ``grad_max_n``
+GRADIENT_PROPERTIES = ("gradcheck", "jacobian-norm", "depth-growth", "finite-gradients", "backward-agreement")
 
 
 @dataclass(frozen=True)
 class Domain:
-    """Where inputs are drawn: kinds, size caps and the number of examples (None: the profile's)."""
+    """Where inputs are drawn: kinds, sizes and the number of examples. None: the profile's
+    (``PROFILE_SIZES``; examples from the profile's settings).
+
+    N is drawn with weight on the boundaries of ``chunks`` (c - 1, c, c + 1, 2c - 1, 2c, 2c + 1) and d
+    with weight on head sizes 16, 32, 64, 128, under ``budget`` on B * H * N * d (d shrinks first, then
+    N, never below min_d / min_n). ``gates`` fixes the decay regimes of gated variants (strategies.GATES:
+    'extreme' reaches exp(-100) per token); ``grad_max_n`` sets the sequence length of the gradient
+    properties (each has its own cap otherwise)."""
 
     kinds: tuple[str, ...] | None = None
-    max_n: int = 32
-    max_d: int = 8
+    max_n: int | None = None
+    max_d: int | None = None
     max_b: int = 1
     max_h: int = 2
     examples: int | None = None
     min_n: int = 1
     min_d: int = 1  # min_d = max_d fixes the head dimension (targets whose hyperparameters depend on d)
+    chunks: tuple[int, ...] = (64,)
+    budget: int | None = None
+    gates: tuple[str, ...] | None = None
+    grad_max_n: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("max_n", "max_d", "max_b", "max_h", "min_n", "min_d"):
+        for name in ("max_n", "max_d", "max_b", "max_h", "min_n", "min_d", "budget", "grad_max_n"):
             value = getattr(self, name)
+            if value is None and name in ("max_n", "max_d", "budget", "grad_max_n"):
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"domain.{name}: got {value!r}; expected a positive integer")
-        if self.min_n > self.max_n or self.min_d > self.max_d:
+        if (self.max_n is not None and self.min_n > self.max_n) or (self.max_d is not None and self.min_d > self.max_d):
             raise ValueError(
                 f"domain: got N in [{self.min_n}, {self.max_n}], d in [{self.min_d}, {self.max_d}]; expected min <= max"
             )
@@ -55,6 +80,26 @@ class Domain:
             raise ValueError(f"domain.examples: got {self.examples!r}; expected a positive integer or None")
         if self.kinds is not None:
             object.__setattr__(self, "kinds", tuple(self.kinds))
+        chunks = tuple(self.chunks) if self.chunks is not None else ()
+        if any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in chunks):
+            raise ValueError(f"domain.chunks: got {self.chunks!r}; expected positive integer chunk sizes")
+        object.__setattr__(self, "chunks", chunks)
+        if self.gates is not None:
+            from .strategies import GATES
+
+            for g in self.gates:
+                check_choice("domain.gates", g, GATES)
+            object.__setattr__(self, "gates", tuple(self.gates))
+
+    def resolved(self, profile_name: str) -> Domain:
+        """The domain with the profile's sizes filled in where None (min_n / min_d raise them if larger)."""
+        sizes = PROFILE_SIZES[check_choice("profile", profile_name, tuple(PROFILE_SIZES))]
+        return replace(
+            self,
+            max_n=self.max_n if self.max_n is not None else max(self.min_n, sizes["max_n"]),
+            max_d=self.max_d if self.max_d is not None else max(self.min_d, sizes["max_d"]),
+            budget=self.budget if self.budget is not None else sizes["budget"],
+        )
 
     def memory_estimate(self, variant: Any) -> int:
         """Bytes the largest input may need: ``memory_estimate`` at max_b, max_h, max_n, max_d."""
@@ -80,10 +125,13 @@ class Domain:
             "max_b": self.max_b,
             "max_h": self.max_h,
             "examples": self.examples,
+            "chunks": list(self.chunks),
+            "budget": self.budget,
+            "gates": list(self.gates) if self.gates else None,
+            "grad_max_n": self.grad_max_n,
         }
 
 
-EXAMPLES_PER_UNDRAWN_KIND = 2
 
 MEMORY_BUDGET = 4 * 2**30  # bytes; check(memory_budget=...) or the CLI's --memory-budget (GiB) changes it
 # float64 arrays the check may hold at once per head: N x N ones (weights, their ball radii, masks, the
@@ -143,88 +191,116 @@ class _Failed(Exception):
 
 
 def run_property(
-    prop: Property, target: Target, *, causal: bool, domain: Domain = Domain(), profile_name: str = "ci", seed: int = 0
+    prop: Property,
+    target: Target,
+    *,
+    causal: bool,
+    domain: Domain = Domain(),
+    profile_name: str = "ci",
+    seed: int = 0,
+    threads: int | None = None,
 ) -> Finding:
     """The worst Finding of ``prop`` over the examples of ``domain``; a failure is shrunk first. A property
-    that does not apply under the target's hyperparameters gives a skipped Finding with the reason."""
+    that does not apply under the target's hyperparameters gives a skipped Finding with the reason. Runs
+    with ``threads`` torch and BLAS threads (default $GRAMCHECK_THREADS, else 1; gramcheck.threads)."""
     reason = prop.unless(target.variant, causal, dict(target.params)) if prop.unless is not None else None
     if reason:
         return Finding.skip(prop.name, reason, examples=0)
+    n = _threads.resolve(threads)
+    fn = target.fn
+    target.fn = _threads.pinned(fn, n)  # the target runs in its own worker thread: limit it there
+    try:
+        with _threads.limited(n):
+            return _run_property(prop, target, causal=causal, domain=domain, profile_name=profile_name, seed=seed)
+    finally:
+        target.fn = fn
+
+
+def _run_property(
+    prop: Property, target: Target, *, causal: bool, domain: Domain, profile_name: str, seed: int
+) -> Finding:
+    domain = domain.resolved(profile_name)
+    assert domain.max_n is not None and domain.max_d is not None
     # the domain's kinds, narrowed to the property's own (gradients: smooth kinds) where they overlap
     if domain.kinds is None:
         kinds = prop.kinds
     else:
         kinds = tuple(k for k in domain.kinds if k in prop.kinds) or tuple(domain.kinds)
-    def strategy(ks: tuple[str, ...]) -> Any:
-        return attention_inputs(
-            target.variant,
-            dtype=target.dtype,
-            kinds=ks,
-            max_n=max(domain.min_n, min(domain.max_n, prop.max_n or domain.max_n)),
-            max_d=max(domain.min_d, min(domain.max_d, prop.max_d or domain.max_d)),
-            min_n=domain.min_n,
-            min_d=domain.min_d,
-            max_b=domain.max_b,
-            max_h=domain.max_h,
-        )
-
+    cap_n = prop.max_n
+    if domain.grad_max_n is not None and prop.name in GRADIENT_PROPERTIES:
+        cap_n = domain.grad_max_n
+    sizes = {
+        "max_n": max(domain.min_n, min(domain.max_n, cap_n or domain.max_n)),
+        "max_d": max(domain.min_d, min(domain.max_d, prop.max_d or domain.max_d)),
+        "min_n": domain.min_n,
+        "min_d": domain.min_d,
+        "max_b": domain.max_b,
+        "max_h": domain.max_h,
+        "chunks": domain.chunks,
+        "budget": domain.budget,
+        "gate_regimes": domain.gates,
+        "head_sizes": HEAD_SIZES,
+    }
+    strategy = attention_inputs(target.variant, dtype=target.dtype, kinds=kinds, **sizes)
     base = profile(profile_name)
-
-    def cfg(examples: int) -> settings:
-        return settings(  # seeded through @hseed below; the profiles are not derandomised (strategies.PROFILES)
-            base,
-            max_examples=examples,
-            suppress_health_check=list(HealthCheck),
-            report_multiple_bugs=False,
-        )
-
-    worst: list[Finding] = []
-    count = [0]
-    timed_out: list[Finding] = []
-    drawn: set[str] = set()
-
-    def search(ks: tuple[str, ...], examples: int) -> None:
-        @hseed(seed)
-        @cfg(examples)
-        @given(strategy(ks))
-        def run(ex: Any) -> None:
-            # a hanging or crashing target is not called again: shrinking would wait out (or restart) every call
-            f = timed_out[0] if timed_out else prop.fn(target, ex, causal=causal)
+    budget = domain.examples or base.max_examples
+    # a third of the examples is kept for the kinds the search does not draw (one explicit example each)
+    reserve = min(len(kinds), budget // 3) if len(kinds) > 1 else 0
+    state = _State()
+    result = _search(prop, target, causal, strategy, budget - reserve, base, seed, state)
+    if result is None:
+        for kind in [k for k in kinds if k not in state.drawn][:reserve]:
+            one = attention_inputs(target.variant, dtype=target.dtype, kinds=(kind,), **sizes)
+            with _no_local_constants():
+                ex = sample(one, seed=seed, index=2)
+            f = _guarded_call(prop, target, ex, causal)
+            state.drawn[kind] = state.drawn.get(kind, 0) + 1
             if f is None:
-                reject()
-            drawn.add(ex.kind)
-            if f.failure in ("timeout", "crashed") and not timed_out:
-                f.details["examples"] = count[0] + 1  # the calls made; later ones replay this finding
-                timed_out.append(f)
-            count[0] += 1
-            score = _score(f)
-            htarget(score if math.isfinite(score) else 1e300, label=prop.name)
-            if not worst or _worse(f, worst[0]):
-                worst[:] = [f]
+                continue
+            state.count += 1
+            if not state.worst or _worse(f, state.worst[0]):
+                state.worst[:] = [f]
             if not f.passed:
-                raise _Failed(f)  # one raise site: Hypothesis tells failures apart by where they are raised
+                # shrink it: a search over that kind alone (its first failure is shrunk by Hypothesis)
+                again = _State()
+                shrunk = _search(prop, target, causal, one, max(4, reserve), base, seed, again)
+                if isinstance(shrunk, Finding) and not shrunk.passed and again.failing:
+                    f, ex = shrunk, again.failing[0]
+                    f.details["shrunk"] = True
+                else:
+                    f.details["shrunk"] = False
+                f.details["examples"] = state.count + again.count
+                _coverage(f, kinds, state.drawn)
+                annotate(f, prop, target, ex, causal=causal, chunks=domain.chunks)
+                return f
+    if isinstance(result, Finding):
+        if result.details.get("failure") not in ("nondeterministic", "internal-error") or state.failing:
+            _coverage(result, kinds, state.drawn)
+        if state.failing and not state.timed_out and not result.passed:
+            annotate(result, prop, target, state.failing[0], causal=causal, chunks=domain.chunks)
+        return result
+    if not state.worst:
+        return _no_examples(prop)
+    f = state.worst[0]
+    f.details["examples"] = state.count
+    _coverage(f, kinds, state.drawn)
+    return f
 
-        try:
-            run()
-        except Unsatisfiable:
-            pass  # no input of these kinds met the premise; the others may have
 
+class _State:
+    """What one search saw: the worst Finding, the examples evaluated, kinds drawn, the failing input."""
+
+    def __init__(self) -> None:
+        self.worst: list[Finding] = []
+        self.count = 0
+        self.timed_out: list[Finding] = []
+        self.drawn: dict[str, int] = {}
+        self.failing: list[Any] = []
+
+
+def _guarded_call(prop: Property, target: Target, ex: Any, causal: bool) -> Finding | None:
     try:
-        with _no_local_constants():
-            search(kinds, domain.examples or base.max_examples)
-            # hypothesis.target steers the examples toward the kinds that scored high: unless the domain
-            # fixes the number of examples, every kind the search never drew gets examples of its own, so
-            # that no kind of the domain goes unchecked
-            if domain.examples is None:
-                for k in [k for k in kinds if k not in drawn]:
-                    search((k,), EXAMPLES_PER_UNDRAWN_KIND)
-    except _Failed as failed:
-        f = timed_out[0] if timed_out else failed.finding
-        f.details.setdefault("examples", count[0])
-        f.details["shrunk"] = True
-        return f
-    except Flaky as exc:
-        return Finding(prop.name, math.inf, 1.0, details={"failure": "nondeterministic", "error": str(exc)[:500]})
+        return prop.fn(target, ex, causal=causal)
     except Exception as exc:  # noqa: BLE001 - an unexpected error is reported, never raised
         return Finding(
             prop.name,
@@ -232,12 +308,71 @@ def run_property(
             1.0,
             details={"failure": "internal-error", "error": f"{type(exc).__name__}: {str(exc)[:500]}"},
         )
-    if not worst:
-        return _no_examples(prop)
-    f = worst[0]
-    f.details["examples"] = count[0]
-    f.details["kinds_drawn"] = [k for k in kinds if k in drawn]
-    return f
+
+
+def _search(
+    prop: Property, target: Target, causal: bool, strategy: Any, examples: int, base: Any, seed: int, state: _State
+) -> Finding | None:
+    """Hypothesis over ``strategy``: the shrunk failing Finding, an error Finding, or None when every
+    example passed (``state`` then holds the worst)."""
+    cfg = settings(  # seeded through @hseed below; the profiles are not derandomised (strategies.PROFILES)
+        base,
+        max_examples=max(1, examples),
+        suppress_health_check=list(HealthCheck),
+        report_multiple_bugs=False,
+    )
+
+    @hseed(seed)
+    @cfg
+    @given(strategy)
+    def search(ex: Any) -> None:
+        # a hanging or crashing target is not called again: shrinking would wait out (or restart) every call
+        f = state.timed_out[0] if state.timed_out else prop.fn(target, ex, causal=causal)
+        state.drawn[ex.kind] = state.drawn.get(ex.kind, 0) + 1
+        if f is None:
+            reject()
+        if f.failure in ("timeout", "crashed") and not state.timed_out:
+            f.details["examples"] = state.count + 1  # the calls made; later ones replay this finding
+            state.timed_out.append(f)
+        state.count += 1
+        score = _score(f)
+        htarget(score if math.isfinite(score) else 1e300, label=prop.name)
+        if not state.worst or _worse(f, state.worst[0]):
+            state.worst[:] = [f]
+        if not f.passed:
+            state.failing[:] = [ex]
+            raise _Failed(f)  # one raise site: Hypothesis tells failures apart by where they are raised
+
+    try:
+        with _no_local_constants():
+            search()
+    except _Failed as failed:
+        f = state.timed_out[0] if state.timed_out else failed.finding
+        f.details.setdefault("examples", state.count)
+        f.details["shrunk"] = True
+        return f
+    except Flaky as exc:
+        return Finding(
+            prop.name, math.inf, 1.0, details={"failure": "nondeterministic", "error": str(exc)[:500]}
+        )
+    except Unsatisfiable:
+        return None
+    except Exception as exc:  # noqa: BLE001 - an unexpected error is reported, never raised
+        return Finding(
+            prop.name,
+            math.inf,
+            1.0,
+            details={"failure": "internal-error", "error": f"{type(exc).__name__}: {str(exc)[:500]}"},
+        )
+    return None
+
+
+def _coverage(f: Finding, kinds: tuple[str, ...], drawn: dict[str, int]) -> None:
+    """Finding.details: examples per kind, and the property's kinds that no example drew."""
+    f.details["kinds_drawn"] = dict(sorted(drawn.items()))
+    missing = [k for k in kinds if k not in drawn]
+    if missing:
+        f.details["kinds_not_drawn"] = missing
 
 
 def _no_examples(prop: Property) -> Finding:

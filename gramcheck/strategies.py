@@ -64,6 +64,7 @@ KINDS = (
     "degenerate",
     "long",
 )
+HEAD_SIZES = (16, 32, 64, 128)  # production head sizes, drawn with weight when the domain reaches them
 
 # Hypothesis settings profiles. ``ci``: 25 examples; ``thorough``: 400. Both are seeded, not derandomised:
 # gramcheck's search applies ``@seed(seed)``, so the examples are a function of the seed (derandomize=True
@@ -269,12 +270,19 @@ def attention_inputs(
     gate: str | None = None,
     min_n: int = 1,
     min_d: int = 1,
+    chunks: Sequence[int] = (),
+    budget: int | None = None,
+    gate_regimes: Sequence[str] | None = None,
+    head_sizes: Sequence[int] = (),
 ) -> AttentionInputs:
     """Adversarial inputs for ``variant`` (a name, a Variant or None for plain q, k, v): one of
     ``kinds`` (default all) with sizes B <= max_b, H <= max_h, N <= max_n, d <= max_d, rounded to
-    ``dtype``. Extras: each of the variant's extra inputs drawn by its spec (``gate`` fixes the regime
-    of the inputs that know it; a random matrix has m = 2 d rows by default). Shrinks toward
-    B = H = 1, N = d = 1 and the simplest parameters of the kind."""
+    ``dtype``. N is drawn at the boundaries of ``chunks`` (c - 1, c, c + 1, 2c - 1, 2c, 2c + 1) half
+    the time, d at the ``head_sizes`` within range half the time, and B * H * N * d is kept
+    within ``budget`` (d reduced first, then N, not below min_d / min_n). Extras: each of the variant's
+    extra inputs drawn by its spec (``gate`` fixes the regime of the inputs that know it, ``gate_regimes``
+    limits the choice; a random matrix has m = 2 d rows by default). Shrinks toward B = H = 1,
+    N = d = 1 and the simplest parameters of the kind."""
     from . import variants as _variants
 
     dt = dtype_name(dtype)
@@ -289,6 +297,8 @@ def attention_inputs(
     kind = draw(st.sampled_from(kinds))
     B = draw(st.integers(1, max(1, max_b)))
     H = draw(st.integers(1, max(1, max_h)))
+    boundaries = sorted({m + o for c in chunks for m in (c, 2 * c) for o in (-1, 0, 1) if min_n <= m + o <= max_n})
+    heads = [h for h in head_sizes if min_d <= h <= max_d]
     if kind == "long":
         N = draw(st.integers(max(min_n, max_n // 2), max_n))
         d = draw(st.integers(min_d, max(min_d, min(max_d, 4))))
@@ -296,8 +306,14 @@ def attention_inputs(
         N = draw(st.sampled_from(sorted({max(min_n, x) for x in (1, 2, max_n)})))
         d = draw(st.sampled_from(sorted({max(min_d, x) for x in (1, 2, max_d)})))
     else:
-        N = draw(st.integers(min_n, max_n))
-        d = draw(st.integers(min_d, max_d))
+        n_int = st.integers(min_n, max_n)
+        N = draw(st.one_of(n_int, st.sampled_from(boundaries)) if boundaries else n_int)
+        d_int = st.integers(min_d, max_d)
+        d = draw(st.one_of(d_int, st.sampled_from(heads)) if heads else d_int)
+    if budget is not None and B * H * N * d > budget:
+        d = max(min_d, min(d, budget // (B * H * N)))
+        if B * H * N * d > budget:
+            N = max(min_n, budget // (B * H * d))
     if kind in ("near-duplicate", "low-rank"):
         N = max(N, 2)
     if kind == "low-rank":
@@ -308,7 +324,8 @@ def attention_inputs(
     dims = {"B": B, "H": H, "N": N, "dk": d, "dv": dv, "m": 2 * d if m is None else m}
     regimes: dict[str, str] = {}
     for spec in var.inputs if var is not None else ():
-        regimes[spec.name] = gate if gate in spec.regimes else draw(st.sampled_from(spec.regimes))
+        allowed = tuple(r for r in spec.regimes if not gate_regimes or r in gate_regimes) or spec.regimes
+        regimes[spec.name] = gate if gate in spec.regimes else draw(st.sampled_from(allowed))
         extras.update(draw_extras((spec,), dims, dtype=dt, seed=draw(_SEEDS), regimes=regimes))
     if regimes:
         meta["regimes"] = regimes

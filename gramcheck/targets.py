@@ -110,7 +110,7 @@ class Target:
     def call_torch(self, q: Any, k: Any, v: Any, *, causal: bool, **extras: Any) -> Any:
         """Call fn on tensors; checks type, shape, dtype, device and input mutation; returns the tensor."""
         torch = _torch()
-        inputs = {"q": q, "k": k, "v": v, **extras}
+        inputs = {"q": q, "k": k, "v": v, **{n: t for n, t in extras.items() if isinstance(t, torch.Tensor)}}
         before = {n: t.detach().clone() for n, t in inputs.items()}
         grad = any(getattr(t, "requires_grad", False) for t in inputs.values())
         if self.isolation == "process" and not grad:
@@ -125,6 +125,9 @@ class Target:
         for n, t in inputs.items():
             if not torch.equal(t.detach(), before[n]):
                 raise TargetError("mutates-inputs", f"{self.name} changed its input {n!r} in place")
+        state = None
+        if extras.get("output_final_state"):
+            out, state = self._state_pair(out, q, v, extras)
         if not isinstance(out, torch.Tensor):
             raise TargetError("wrong-type", f"{self.name} returned {type(out).__name__}; expected a torch.Tensor")
         expected = (*q.shape[:3], v.shape[-1])
@@ -136,7 +139,49 @@ class Target:
             raise TargetError("wrong-dtype", f"{self.name} returned dtype {out.dtype}; expected {q.dtype}")
         if out.device != q.device:
             raise TargetError("wrong-device", f"{self.name} returned a tensor on {out.device}; expected {q.device}")
-        return out
+        return out if state is None else (out, state)
+
+    @property
+    def passes_state(self) -> bool:
+        """The callable declares state passing: it takes ``initial_state`` and ``output_final_state``
+        keywords (or any keyword)."""
+        return _takes_keywords(self.fn, ("initial_state", "output_final_state"))
+
+    @property
+    def packs(self) -> bool:
+        """The callable declares packed sequences: it takes a ``cu_seqlens`` keyword (or any keyword)."""
+        return _takes_keywords(self.fn, ("cu_seqlens",))
+
+    def _state_pair(self, res: Any, q: Any, v: Any, extras: dict[str, Any]) -> tuple[Any, Any]:
+        """(out, final_state) from a call with output_final_state=True; the state must be a tensor of shape
+        (B, H, d_k, d_v) (S sequences for B with cu_seqlens) in the input dtype or float32 (fla's kernels
+        keep states in float32), on the input's device."""
+        torch = _torch()
+        if not isinstance(res, (tuple, list)) or len(res) != 2:
+            raise TargetError(
+                "wrong-type",
+                f"{self.name} returned {type(res).__name__} with output_final_state=True; expected (out, final_state)",
+            )
+        out, state = res
+        if not isinstance(state, torch.Tensor):
+            raise TargetError("wrong-type", f"{self.name} returned final_state of type {type(state).__name__}")
+        cu = extras.get("cu_seqlens")
+        b = q.shape[0] if cu is None else int(cu.numel()) - 1
+        expected = (b, q.shape[1], q.shape[-1], v.shape[-1])
+        if tuple(state.shape) != expected:
+            raise TargetError(
+                "wrong-shape",
+                f"{self.name} returned final_state of shape {tuple(state.shape)}; expected {expected} (B, H, d_k, d_v)",
+            )
+        if state.dtype not in (q.dtype, torch.float32, torch.float64) or state.dtype.itemsize < q.dtype.itemsize:
+            raise TargetError(
+                "wrong-dtype", f"{self.name} returned final_state of dtype {state.dtype}; expected {q.dtype} or float32"
+            )
+        if state.device != q.device:
+            raise TargetError(
+                "wrong-device", f"{self.name} returned final_state on {state.device}; expected {q.device}"
+            )
+        return out, state
 
     def _call_with_timeout(self, q: Any, k: Any, v: Any, causal: bool, extras: dict[str, Any]) -> Any:
         if self._executor is None:
@@ -207,9 +252,49 @@ class Target:
         out = self.call_torch(t.pop("q"), t.pop("k"), t.pop("v"), causal=causal, **t)
         return out.detach().to("cpu").double().numpy()
 
+    def run(
+        self,
+        q: Any,
+        k: Any,
+        v: Any,
+        *,
+        causal: bool,
+        initial_state: Any = None,
+        output_final_state: bool = False,
+        cu_seqlens: Any = None,
+        **extras: Any,
+    ) -> Any:
+        """Like ``__call__`` with the call options: the state S_0 (float64, rounded to the dtype, passed in
+        the dtype), and packed offsets ``cu_seqlens`` (int64). Returns out, or (out, final_state)."""
+        torch = _torch()
+        arrays = {"q": q, "k": k, "v": v, **extras}
+        if initial_state is not None:
+            arrays["initial_state"] = initial_state
+        t = self.tensors(arrays)
+        opts: dict[str, Any] = {}
+        if output_final_state:
+            opts["output_final_state"] = True
+        if cu_seqlens is not None:
+            opts["cu_seqlens"] = torch.as_tensor(np.asarray(cu_seqlens, dtype=np.int64), device=self.device)
+        res = self.call_torch(t.pop("q"), t.pop("k"), t.pop("v"), causal=causal, **t, **opts)
+        if output_final_state:
+            return tuple(x.detach().to("cpu").double().numpy() for x in res)
+        return res.detach().to("cpu").double().numpy()
+
     def reference(self, q: Any, k: Any, v: Any, *, causal: bool, **extras: Any) -> np.ndarray:
         """The variant's float64 reference with this target's hyperparameters."""
         return np.asarray(self.variant.reference(q, k, v, causal=causal, **self.params, **extras))
+
+
+def _takes_keywords(fn: Any, names: tuple[str, ...]) -> bool:
+    import inspect
+
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return False
+    ps = sig.parameters.values()
+    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in ps) or all(n in sig.parameters for n in names)
 
 
 class _Worker:

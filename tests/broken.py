@@ -148,3 +148,98 @@ def linear_elu_plus_one_feature(q, k, v, *, causal):
     row of strongly negative queries or keys gives 0/0 (the definition's elu1 keeps exp(x) > 0)."""
     fq, fk = torch.nn.functional.elu(q) + 1, torch.nn.functional.elu(k) + 1
     return torch_normalised(fq, fk, v, causal=causal, form="recurrent", chunk_size=1)
+
+
+# ------------------------------------------------------------------------------------------------------
+# state passing, packing and backward (targets that take initial_state / cu_seqlens, custom backward)
+# ------------------------------------------------------------------------------------------------------
+def gla_ignoring_initial_state(q, k, v, *, causal, g, initial_state=None, output_final_state=False):
+    """GLA that accepts initial_state and drops it: outputs and final state start from 0."""
+    return V.get("gla").torch(q, k, v, causal=True, g=g, output_final_state=output_final_state)
+
+
+def gla_transposed_state(q, k, v, *, causal, g, initial_state=None, output_final_state=False):
+    """GLA that keeps its state as (d_v, d_k): it reads initial_state and returns final_state transposed
+    (the shapes agree when d_k == d_v)."""
+    s0 = None if initial_state is None else initial_state.transpose(-1, -2)
+    res = V.get("gla").torch(q, k, v, causal=True, g=g, initial_state=s0, output_final_state=output_final_state)
+    if output_final_state:
+        return res[0], res[1].transpose(-1, -2)
+    return res
+
+
+def _with_backward(forward, corrupt):
+    """forward(*inputs) with its exact autograd backward, then ``corrupt(grads, inputs)`` applied: a custom
+    autograd.Function whose forward is correct and whose backward is written separately (as kernels are)."""
+
+    class Fn(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, *inputs):
+            ctx.save_for_backward(*inputs)
+            return forward(*inputs)
+
+        @staticmethod
+        def backward(ctx, do):
+            inputs = ctx.saved_tensors
+            with torch.enable_grad():
+                leaves = [x.detach().requires_grad_() for x in inputs]
+                grads = torch.autograd.grad(forward(*leaves), leaves, do)
+            return corrupt(list(grads), inputs)
+
+    return Fn.apply
+
+
+def retnet_dv_missing_scale(q, k, v, *, causal):
+    """RetNet whose backward forgets the query scale s = 1/sqrt(d) in dv (dv is 1/s times too large)."""
+
+    def forward(q, k, v):
+        return V.get("retnet").torch(q, k, v, causal=True, form="chunked", chunk_size=16)
+
+    def corrupt(grads, inputs):
+        grads[2] = grads[2] * math.sqrt(inputs[0].shape[-1])
+        return tuple(grads)
+
+    return _with_backward(forward, corrupt)(q, k, v)
+
+
+def gla_dk_missing_decay(q, k, v, *, causal, g):
+    """GLA whose backward drops a decay factor in dk: dk_s / alpha_s, as when the decay to token s is read
+    cumulated through s - 1 instead of s."""
+
+    def forward(q, k, v, g):
+        return V.get("gla").torch(q, k, v, causal=True, g=g, form="chunked", chunk_size=16)
+
+    def corrupt(grads, inputs):
+        grads[1] = grads[1] * torch.exp(-inputs[3])
+        return tuple(grads)
+
+    return _with_backward(forward, corrupt)(q, k, v, g)
+
+
+def gla_packed_leaking_state(q, k, v, *, causal, g, cu_seqlens=None, initial_state=None, output_final_state=False):
+    """Packed GLA that runs the whole row as one sequence: the state of one sequence flows into the next."""
+    out = V.get("gla").torch(q, k, v, causal=True, g=g, form="chunked", chunk_size=16)
+    if not output_final_state:
+        return out
+    packed = V.get("gla").torch(
+        q, k, v, causal=True, g=g, cu_seqlens=cu_seqlens, initial_state=initial_state, output_final_state=True
+    )
+    return out, packed[1]
+
+
+def gla_uninitialised_state(q, k, v, *, causal, g, initial_state=None, output_final_state=False):
+    """GLA that, without an initial_state, starts from whatever its state buffer held (here 1e-3 everywhere)
+    instead of zero; given a state it is correct."""
+    if initial_state is None:
+        initial_state = q.new_full((q.shape[0], q.shape[1], q.shape[-1], v.shape[-1]), 1e-3, dtype=torch.float32)
+    return V.get("gla").torch(
+        q, k, v, causal=True, g=g, initial_state=initial_state, output_final_state=output_final_state
+    )
+
+
+def gla_state_as_dv_dk(q, k, v, *, causal, g, initial_state=None, output_final_state=False):
+    """Returns its final state as (B, H, d_v, d_k): a wrong shape whenever d_k != d_v."""
+    res = V.get("gla").torch(
+        q, k, v, causal=True, g=g, initial_state=initial_state, output_final_state=output_final_state
+    )
+    return (res[0], res[1].transpose(-1, -2)) if output_final_state else res

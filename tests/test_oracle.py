@@ -1,6 +1,7 @@
 """The oracle certifies float64 when it can and escalates to mpmath when it cannot."""
 
 import numpy as np
+import pytest
 from helpers import make_inputs
 
 from gramcheck import variants as V
@@ -51,3 +52,94 @@ def test_undefined_output_is_reported_not_invented():
     t = truth("linear-relu", q, k, v, digits=8)
     assert t.undefined[0, 0, 2].all()
     assert np.isfinite(t.value[~t.undefined]).all() and (~t.undefined).sum() > t.undefined.sum()
+
+
+def _cancelling(causal, B=3, H=2, N=24, d=4):
+    """Batch item 1 cancels: causal, its first four tokens (rows 1 and 3 fall short); non-causal, all."""
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((B, H, N, d)) for _ in range(3))
+    pairs = slice(1, 4, 2) if causal else slice(1, None, 2)
+    firsts = slice(0, 3, 2) if causal else slice(0, None, 2)
+    k[1, :, pairs] = k[1, :, firsts] * (1 + 1e-11)
+    v[1, :, pairs] = -v[1, :, firsts]
+    return q, k, v
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_row_escalation_gives_the_same_truth_as_whole_tensor_escalation(causal, monkeypatch):
+    import gramcheck.oracle as oracle
+
+    var = V.get("linear-unnormalised")
+    q, k, v = _cancelling(causal)
+    shapes = []
+    real = oracle._escalation_slice
+    monkeypatch.setattr(oracle, "_escalation_slice", lambda *a, **kw: shapes.append(r := real(*a, **kw)) or r)
+    rows = truth(var, q, k, v, causal=causal, feature="identity", digits=10)
+    whole = truth(var, q, k, v, causal=causal, feature="identity", digits=10, rows=False)
+    sub_q = shapes[0][1][0]
+    assert sub_q.shape == ((1, 2, 4, 4) if causal else (1, 2, 24, 4))  # batch item 1; causal: 4 tokens
+    exact = MP(300).to_float64(var.reference(q, k, v, causal=causal, feature="identity", arith=MP(300)))
+    for t in (rows, whole):
+        assert t.escalated and t.met
+        assert np.all(np.abs(t.value - exact) <= t.bound)
+    assert rows.prec == whole.prec
+    region = (1, slice(None), slice(0, 4) if causal else slice(None))
+    np.testing.assert_array_equal(rows.value[region], whole.value[region])
+    assert np.all(rows.bound <= 1e-10 * np.abs(exact) * 1.0001 + 2**-52 * np.abs(exact))
+
+
+def test_causal_rounding_variants_are_not_cut_to_a_prefix():
+    """Performer's exact causality rests on its stabiliser cancelling (not with feature_eps > 0): only
+    batch items are sliced for it."""
+    from gramcheck.oracle import _escalation_slice
+
+    q, k, v, extras = make_inputs("performer-positive", B=2, N=8, d=4)
+    need = np.zeros((2, 2, 8, 4), dtype=bool)
+    need[1, 0, 2] = True
+    idx, (qs, *_rest) = _escalation_slice(V.get("performer-positive"), need, (q, k, v), causal=True, kwargs=extras)
+    assert qs.shape == (1, 2, 8, 4) and list(idx[0]) == [1]
+    idx, (qs, _, _, kw) = _escalation_slice(
+        V.get("gla"), need, (q, k, v), causal=True, kwargs={"g": -np.ones((2, 2, 8, 4))}
+    )
+    assert qs.shape == (1, 2, 3, 4) and kw["g"].shape == (1, 2, 3, 4)
+
+
+def test_precision_comes_from_the_shortfall_not_doubling():
+    from gramcheck.arith import BALL_F64
+    from gramcheck.oracle import GUARD_BITS
+
+    var = V.get("linear-unnormalised")
+    q, k, v = _cancelling(True)
+    t = truth(var, q, k, v, causal=True, feature="identity", digits=10)
+    ball = var.reference(q, k, v, causal=True, feature="identity", arith=BALL_F64)
+    value, bound = BALL_F64.to_float64(ball), BALL_F64.radius(ball)
+    short = np.log2(bound / (1e-10 * np.abs(value)))
+    assert t.tried == ["float64", f"ball-mpmath[{t.prec}]"]  # met at the first precision tried
+    assert t.prec == 53 + int(np.ceil(short.max())) + GUARD_BITS < 2 * 53
+
+
+@pytest.mark.parametrize("prec", [None, 80])
+def test_exact_operand_fast_path_gives_identical_radii(prec, monkeypatch):
+    from gramcheck.arith import BALL_F64, BallArith, BallMP
+
+    ar = BALL_F64 if prec is None else BallMP(prec)
+    rng = np.random.default_rng(3)
+    with ar.context():
+        exact_a = ar.asarray(rng.standard_normal((2, 5, 7)))
+        exact_b = ar.asarray(rng.standard_normal((2, 7, 3)))
+        fuzzy_a = ar.exp(exact_a) * ar.asarray(rng.standard_normal((2, 5, 7)))
+        fuzzy_b = ar.exp(exact_b) - 1.5
+        cases = [(exact_a, exact_b), (exact_a, fuzzy_b), (fuzzy_a, exact_b), (fuzzy_a, fuzzy_b)]
+
+        def radii():
+            out = [ar.matmul(a, b).rad for a, b in cases]
+            out += [ar.sum(x, axis=-1).rad for x in (exact_a, fuzzy_a)]
+            out += [ar.cumsum(x, axis=-2).rad for x in (exact_a, fuzzy_a)]
+            return out
+
+        fast = radii()
+        monkeypatch.setattr(BallArith, "_exact", staticmethod(lambda x: False))
+        general = radii()
+    for f, g in zip(fast, general, strict=True):
+        assert np.shape(f) == np.shape(g)
+        assert all(x == y for x, y in zip(np.ravel(f), np.ravel(g), strict=True))  # bit for bit (mpf compares exactly)

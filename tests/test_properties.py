@@ -166,7 +166,7 @@ def test_global_key_stabiliser_is_not_causal_and_the_running_maximum_is():
     """Causal FAVOR+ with the reference code's key maximum over all tokens: future outlier keys change
     past outputs far beyond rounding (the property allows rounding: FAVOR+ declares causal-rounding).
     The builtin's running-maximum stabiliser is causal bit for bit on the same domain."""
-    domain = {"kinds": ["outliers"], "max_d": 2, "examples": 50}
+    domain = {"kinds": ["outliers"], "max_n": 32, "max_d": 2, "examples": 50}
     glob = check(
         performer_global_key_stabiliser, "performer-positive", causal=True, properties=["causality"], domain=domain
     )

@@ -156,7 +156,7 @@ def test_cli_table_shows_why_a_target_failed_and_json_is_standard(capsys):
 
 
 def test_one_renderer_shows_error_and_tolerance_in_their_units():
-    f = Finding("agreement", False, 1.09, 1.0, details={"worst_error": 2.3e-5, "worst_bound": 2.1e-5,
+    f = Finding("agreement", 1.09, 1.0, details={"worst_error": 2.3e-5, "worst_bound": 2.1e-5,
                                                          "worst_index": [0, 1, 3, 2]})
     line = render_finding(f)
     assert line == "FAIL agreement: measured 1.09 vs bound 1 (error 2.3e-05 vs tolerance 2.1e-05 at entry (0, 1, 3, 2))"

@@ -24,6 +24,12 @@ Component properties of random features (kernel MSE, ORF) are plain functions in
 | jacobian-norm             | jacobian-v (+ Q, K where jacobian-qk)           | jacobian-bounds.md           |
 | depth-growth              | jacobian-qk and not gated                       | jacobian-bounds.md           |
 | energy-share (diagnostic) | every variant                                   | gram-spectrum.md             |
+| state-agreement           | state-passing, causal                           | state-passing.md             |
+| state-split               | state-passing, causal                           | state-passing.md             |
+| zero-initial-state        | state-passing, causal                           | state-passing.md             |
+| packing                   | causal mode, targets taking cu_seqlens          | state-passing.md             |
+| packing-isolation         | causal mode, targets taking cu_seqlens          | state-passing.md             |
+| backward-agreement        | unnormalised forms; float32 / bf16 / f16 targets| backward-agreement.md        |
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ import builtins
 from typing import Any
 
 from ..validation import check_choice
-from . import accuracy, conditioning, gradients, invariants, kernels
+from . import accuracy, backward, conditioning, gradients, invariants, kernels, packing, state
 from .base import DEFAULT_KINDS, Property, always, declares
 
 LOW_PRECISION = ("bfloat16", "float16")
@@ -178,6 +184,50 @@ CATALOGUE: tuple[Property, ...] = (
         max_n=8,
         max_d=4,
         unless=gradients.depth_growth_unless,
+    ),
+    Property(
+        "state-agreement",
+        state.state_agreement,
+        state.state_passing,
+        "state-passing.md",
+        "from a nonzero initial state, out and final state within 2 R(u) of the definition's",
+    ),
+    Property(
+        "state-split",
+        state.state_split,
+        state.state_passing,
+        "state-passing.md",
+        "[0, t) then [t, N) with the carried state equals one pass, t at and off chunk boundaries",
+    ),
+    Property(
+        "zero-initial-state",
+        state.zero_initial_state,
+        state.state_passing,
+        "state-passing.md",
+        "a zero initial state gives what no initial state gives (within the two rounding bounds)",
+    ),
+    Property(
+        "packing",
+        packing.packing,
+        packing.packable,
+        "state-passing.md",
+        "packed sequences (cu_seqlens) give each sequence's own outputs, states and gradients",
+    ),
+    Property(
+        "packing-isolation",
+        packing.packing_isolation,
+        packing.packable,
+        "state-passing.md",
+        "no token of one packed sequence changes another's output (bit-exact)",
+    ),
+    Property(
+        "backward-agreement",
+        backward.backward_agreement,
+        backward.term_sizes_known,
+        "backward-agreement.md",
+        "gradients in the target dtype: max|G - G*| <= 2 max|naive - G*| + 4u max|G*| per tensor",
+        kinds=gradients.GRADIENT_KINDS,
+        max_n=128,
     ),
     Property(
         "energy-share",

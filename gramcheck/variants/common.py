@@ -36,16 +36,22 @@ def ref_normalised(ar: Any, fq: Any, fk: Any, v: Any, *, causal: bool, eps: floa
     return ar.div(ar.matmul(a, v), ar.sum(a, axis=-1, keepdims=True) + eps)
 
 
-def gated_recurrence(ar: Any, q: Any, k: Any, v: Any, alpha: Any) -> Any:
+def gated_recurrence(
+    ar: Any, q: Any, k: Any, v: Any, alpha: Any, initial_state: Any = None, output_final_state: bool = False
+) -> Any:
     """S_t = diag(alpha_t) S_{t-1} + k_t v_t^T, o_t = S_t^T q_t, one token at a time (the definition of
-    every gated linear recurrence). alpha (B, H, N, d_k) or (B, H, N, 1), already exponentiated."""
+    every gated linear recurrence), from S_0 = ``initial_state`` (B, H, d_k, d_v) or 0. alpha
+    (B, H, N, d_k) or (B, H, N, 1), already exponentiated (None: no decay). Returns o (B, H, N, d_v), or
+    (o, S_N) when ``output_final_state``."""
     B, H, N, dk = q.shape
-    state = ar.zeros((B, H, dk, v.shape[-1]))
+    state = ar.zeros((B, H, dk, v.shape[-1])) if initial_state is None else initial_state
     outs = []
     for t in range(N):
-        state = alpha[:, :, t, :, None] * state + k[:, :, t, :, None] * v[:, :, t, None, :]
+        update = k[:, :, t, :, None] * v[:, :, t, None, :]
+        state = update + (state if alpha is None else alpha[:, :, t, :, None] * state)
         outs.append(ar.matmul(q[:, :, t, None, :], state)[:, :, 0, :])
-    return ar.stack(outs, axis=2)
+    out = ar.stack(outs, axis=2)
+    return (out, state) if output_final_state else out
 
 
 def ref_normalised_gated(ar: Any, fq: Any, fk: Any, v: Any, g: Any, *, eps: float = 0.0) -> Any:

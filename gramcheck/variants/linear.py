@@ -36,17 +36,58 @@ def torch_normalised_forward(
     return torch_normalised(phi(TORCH, q), phi(TORCH, k), v, causal=causal, form=form, chunk_size=chunk_size, eps=eps)
 
 
-def reference_unnormalised(ar: Any, q: Any, k: Any, v: Any, *, causal: bool, feature: str, divisor: float) -> Any:
+def reference_unnormalised(
+    ar: Any,
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    causal: bool,
+    feature: str,
+    divisor: float,
+    initial_state: Any = None,
+    output_final_state: bool = False,
+) -> Any:
+    """A V / c; causal from a state S_0: o_t += phi(q_t)^T S_0 / c and S_N = S_0 + sum_s phi(k_s) v_s^T
+    (the state without the divisor)."""
     phi = elementwise(feature)
-    return ar.matmul(kernel_matrix(ar, phi(ar, q), phi(ar, k), causal), v) / divisor
+    fq, fk = phi(ar, q), phi(ar, k)
+    out = ar.matmul(kernel_matrix(ar, fq, fk, causal), v)
+    if initial_state is not None:
+        out = out + ar.matmul(fq, initial_state)
+    out = out / divisor
+    if not output_final_state:
+        return out
+    final = ar.matmul(ar.mT(fk), v)
+    return out, (final if initial_state is None else final + initial_state)
 
 
 def torch_unnormalised_forward(
-    q: Any, k: Any, v: Any, *, causal: bool, form: str, chunk_size: int, feature: str, divisor: float
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    causal: bool,
+    form: str,
+    chunk_size: int,
+    feature: str,
+    divisor: float,
+    initial_state: Any = None,
+    output_final_state: bool = False,
 ) -> Any:
     phi = elementwise(feature)
-    out = linear_recurrence(phi(TORCH, q), phi(TORCH, k), v, causal=causal, form=form, chunk_size=chunk_size)
-    return out / divisor
+    fq, fk = phi(TORCH, q), phi(TORCH, k)
+    res = linear_recurrence(
+        fq,
+        fk,
+        v,
+        causal=causal,
+        form=form,
+        chunk_size=chunk_size,
+        initial_state=initial_state,
+        output_final_state=output_final_state,
+    )
+    return (res[0] / divisor, res[1]) if output_final_state else res / divisor
 
 
 def features(ar: Any, q: Any, k: Any, *, feature: str, **_: Any) -> tuple[Any, Any]:
@@ -123,7 +164,9 @@ VARIANTS = [
         params={"feature": "elu1", "divisor": 1.0},
         forms=LINEAR_FORMS,
         noncausal_only=("parallel",),
-        declares=frozenset({"causal", "permutation-equivariant", "linear-in-v", "unnormalised-growth"}),
+        declares=frozenset(
+            {"causal", "permutation-equivariant", "linear-in-v", "unnormalised-growth", "state-passing"}
+        ),
         reference_fn=reference_unnormalised,
         torch_fn=torch_unnormalised_forward,
         features_fn=features,

@@ -37,8 +37,21 @@ def head_gammas(n_heads: int, gamma: Any = None) -> np.ndarray:
 
 
 def reference(
-    ar: Any, q: Any, k: Any, v: Any, *, causal: bool, gamma: Any, scale: Any, group_norm: bool, norm_eps: float
+    ar: Any,
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    causal: bool,
+    gamma: Any,
+    scale: Any,
+    group_norm: bool,
+    norm_eps: float,
+    initial_state: Any = None,
+    output_final_state: bool = False,
 ) -> Any:
+    """The parallel definition; from a state S_0 (0-indexed t): o_t += s q_t^T gamma^{t+1} S_0 and
+    S_N = gamma^N S_0 + sum_m gamma^{N-1-m} k_m v_m^T (the state before GroupNorm and without s)."""
     B, H, N, dk = q.shape
     s = scale_value(ar, scale, dk)
     lags = np.arange(N)[:, None] - np.arange(N)[None, :]
@@ -46,7 +59,18 @@ def reference(
     log_gamma = ar.log(ar.asarray(head_gammas(H, gamma)))[:, None, None]  # (H, 1, 1)
     decay = ar.fill(ar.exp(log_gamma * ar.asarray(np.where(keep, lags, 0).astype(np.float64))), keep, 0.0)
     out = ar.matmul(ar.matmul(q, ar.mT(k)) * s * decay, v)
-    return standardise(ar, out, norm_eps) if group_norm else out
+    if initial_state is not None:
+        into = ar.exp(log_gamma * ar.asarray(np.arange(1.0, N + 1.0)[:, None]))  # (H, N, 1): gamma^{t+1}
+        out = out + ar.matmul(q * into, initial_state) * s
+    if group_norm:
+        out = standardise(ar, out, norm_eps)
+    if not output_final_state:
+        return out
+    to_end = ar.exp(log_gamma * ar.asarray(np.arange(N - 1.0, -1.0, -1.0)[:, None]))  # gamma^{N-1-m}
+    final = ar.matmul(ar.mT(k * to_end), v)
+    if initial_state is not None:
+        final = final + ar.exp(log_gamma * float(N)) * initial_state
+    return out, final
 
 
 def norm_tags(params: Mapping[str, Any]) -> frozenset[str]:
@@ -71,6 +95,8 @@ def torch_forward(
     scale: Any,
     group_norm: bool,
     norm_eps: float,
+    initial_state: Any = None,
+    output_final_state: bool = False,
 ) -> Any:
     import torch
 
@@ -78,8 +104,20 @@ def torch_forward(
     s = scale_value(TORCH, scale, dk)
     lg = torch.as_tensor(np.log(head_gammas(H, gamma)), dtype=torch.promote_types(q.dtype, torch.float32))
     g = lg.to(q.device).reshape(1, H, 1, 1).expand(B, H, N, 1)
-    out = linear_recurrence(q * s, k, v, g, causal=True, form=form, chunk_size=chunk_size)
-    return standardise(TORCH, out, norm_eps) if group_norm else out
+    res = linear_recurrence(
+        q * s,
+        k,
+        v,
+        g,
+        causal=True,
+        form=form,
+        chunk_size=chunk_size,
+        initial_state=initial_state,
+        output_final_state=output_final_state,
+    )
+    out, final = res if output_final_state else (res, None)
+    out = standardise(TORCH, out, norm_eps) if group_norm else out
+    return (out, final) if output_final_state else out
 
 
 VARIANTS = [
@@ -90,7 +128,7 @@ VARIANTS = [
         source="Sun et al. 2023, Retentive Network",
         params={"gamma": None, "scale": None, "group_norm": False, "norm_eps": 1e-5},
         forms=("chunked", "recurrent", "parallel"),
-        declares=frozenset({"causal", "causal-only"}),
+        declares=frozenset({"causal", "causal-only", "state-passing"}),
         reference_fn=reference,
         torch_fn=torch_forward,
         recurrence="diagonal",

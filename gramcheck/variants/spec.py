@@ -35,6 +35,7 @@ TAGS = (
     "weight-range",  # softmax weights of normalised q, k lie in a range set by the temperature
     "row-normalisation",  # positive random-feature kernel estimates: row-normalisation error bound
     "unnormalised-growth",  # no denominator: |o_i| grows at most linearly with the number of keys
+    "state-passing",  # recurrent state S (B, H, d_k, d_v): takes initial_state, returns (out, final_state)
 )
 RECURRENCES = (
     "none",  # no recurrent state (softmax, blocked softmax)
@@ -45,6 +46,10 @@ RECURRENCES = (
 
 # hyperparameters that must be > 0 wherever a variant has them
 _POSITIVE_PARAMS = ("scale", "tau", "gate_tau", "divisor", "gain", "block_size", "temperature", "gamma")
+
+# call options every variant's reference and torch form accept besides hyperparameters and inputs: the
+# state (variants tagged state-passing) and packed sequences (handled here, in gramcheck.packing)
+CALL_OPTIONS = ("initial_state", "output_final_state", "cu_seqlens")
 
 
 @dataclass(frozen=True)
@@ -180,6 +185,9 @@ class Variant:
         return {"v": jacobian_v_bound(attention_matrix(self, q, k, causal=causal, params=p, extras=extras)[0, 0])}
 
     def split_kwargs(self, kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(hyperparameters, extra inputs) of a call's keywords (call options such as initial_state and
+        cu_seqlens are neither)."""
+        kwargs = {k: v for k, v in kwargs.items() if k not in CALL_OPTIONS}
         names = self.input_names
         extras = {k: kwargs[k] for k in names if k in kwargs}
         missing = [k for k in names if extras.get(k) is None]
@@ -207,7 +215,32 @@ class Variant:
         params, extras = self.split_kwargs(kwargs)
         self.check_causal(causal)
         self._check(q, k, v, extras)
-        return _evaluate(self.reference_fn, arith, (q, k, v), params, extras, causal=causal)
+        opts = self._options(kwargs, causal, q, v)
+        if opts.get("cu_seqlens") is not None:
+            from ..packing import run_packed
+
+            def one(*a: Any, **kw: Any) -> Any:
+                return self.reference(*a, causal=causal, arith=arith, **kw)
+
+            cat = lambda xs, axis: arith.concat(xs, axis=axis)  # noqa: E731
+            return run_packed(one, q, k, v, opts, {**params, **extras}, concat=cat)
+        state = {k: opts[k] for k in ("initial_state", "output_final_state") if k in opts}
+        return _evaluate(self.reference_fn, arith, (q, k, v), params, extras, causal=causal, **state)
+
+    def _options(self, kwargs: Mapping[str, Any], causal: bool, q: Any, v: Any) -> dict[str, Any]:
+        """The call options given (not None / False); state passing only where the variant declares it."""
+        opts = {k: kwargs[k] for k in CALL_OPTIONS if kwargs.get(k) is not None and kwargs.get(k) is not False}
+        if ("initial_state" in opts or "output_final_state" in opts) and "state-passing" not in self.tags():
+            raise ValueError(f"initial_state: variant {self.name!r} has no recurrent state (not tagged state-passing)")
+        if opts and not causal and set(opts) & {"initial_state", "output_final_state"}:
+            raise ValueError("initial_state: got a state with causal=False; expected causal=True (states are causal)")
+        s0 = opts.get("initial_state")
+        if s0 is not None and "cu_seqlens" not in opts:  # packed: one state per sequence (gramcheck.packing)
+            B, H, _, dk = q.shape
+            expected = (B, H, dk, v.shape[-1])
+            if tuple(s0.shape) != expected:
+                raise ValueError(f"initial_state: got shape {tuple(s0.shape)}; expected {expected} (B, H, d_k, d_v)")
+        return opts
 
     def features(self, q: Any, k: Any, *, arith: Any = F64, **kwargs: Any) -> tuple[Any, Any]:
         """(phi(Q), phi(K)), each (B, H, N, m), whose product phi(Q) phi(K)^T is the variant's
@@ -240,7 +273,15 @@ class Variant:
             )
         check_positive_int("chunk_size", chunk_size)
         self._check(q, k, v, extras)
-        return self.torch_fn(q, k, v, causal=causal, form=form, chunk_size=chunk_size, **params, **extras)
+        opts = self._options(kwargs, causal, q, v)
+        if opts.get("cu_seqlens") is not None:
+            from ..packing import run_packed
+
+            def one(*a: Any, **kw: Any) -> Any:
+                return self.torch(*a, causal=causal, form=form, chunk_size=chunk_size, **kw)
+
+            return run_packed(one, q, k, v, opts, {**params, **extras})
+        return self.torch_fn(q, k, v, causal=causal, form=form, chunk_size=chunk_size, **params, **extras, **opts)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -270,4 +311,6 @@ def _evaluate(
     with arith.context():
         lift = [arith.asarray(np.asarray(x, dtype=np.float64)) for x in arrays]
         lifted = {n: arith.asarray(np.asarray(x, dtype=np.float64)) for n, x in extras.items()}
+        if kw.get("initial_state") is not None:
+            kw["initial_state"] = arith.asarray(np.asarray(kw["initial_state"], dtype=np.float64))
         return fn(arith, *lift, **kw, **params, **lifted)

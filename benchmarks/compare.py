@@ -1,0 +1,305 @@
+"""Side-by-side timings for benchmarks/RESULTS.md: CPU-time ratios, medians of interleaved runs in one
+process (every entry of a group runs once per round, rounds alternate), thread counts and the BLAS
+kernel printed first. Run from the repository root:
+
+    OMP_NUM_THREADS=1 python benchmarks/compare.py forms   [--n 1024 4096 16384] [--rounds 3]
+    OMP_NUM_THREADS=1 python benchmarks/compare.py memory  [--n 1024 4096 16384]
+    OMP_NUM_THREADS=1 python benchmarks/compare.py oracle  [--rounds 3]
+    python benchmarks/compare.py check [--rounds 2]
+
+``memory`` runs every entry in a fresh subprocess and reports the peak resident set size (ru_maxrss)
+above the RSS just before the call (after a warm-up call at N = 64): torch's CPU allocator does not go
+through Python's allocator, so tracemalloc does not see tensors, and the torch profiler's CPU memory
+events were not reliable here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, os.environ.get("GRAMCHECK_SRC", str(ROOT)))  # another checkout, to compare
+
+H, D = 4, 64
+
+
+def environment() -> str:
+    import numpy as np
+    import torch
+    from threadpoolctl import threadpool_info
+
+    blas = [
+        f"{p['internal_api']} {p.get('version')} {p.get('architecture')} ({p['num_threads']} threads, {p['prefix']})"
+        for p in threadpool_info()
+        if p["user_api"] == "blas"
+    ]
+    return (
+        f"torch {torch.__version__} ({torch.get_num_threads()} threads), numpy {np.__version__}, "
+        f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, "
+        f"GRAMCHECK_THREADS={os.environ.get('GRAMCHECK_THREADS', 'unset')}, cpus {os.cpu_count()}; BLAS: "
+        + "; ".join(blas)
+    )
+
+
+def interleaved(entries: dict[str, Callable[[], Any]], rounds: int) -> dict[str, tuple[float, float]]:
+    """(median CPU seconds, median wall seconds) per entry; one warm-up call each first."""
+    for fn in entries.values():
+        fn()
+    cpu: dict[str, list[float]] = {k: [] for k in entries}
+    wall: dict[str, list[float]] = {k: [] for k in entries}
+    for _ in range(rounds):
+        for name, fn in entries.items():
+            c0, w0 = time.process_time(), time.perf_counter()
+            fn()
+            cpu[name].append(time.process_time() - c0)
+            wall[name].append(time.perf_counter() - w0)
+    return {k: (statistics.median(cpu[k]), statistics.median(wall[k])) for k in entries}
+
+
+def table(title: str, res: dict[str, tuple[float, float]], base: str) -> None:
+    print(f"\n### {title}\n\n| entry | CPU median | wall median | CPU ratio to {base} |\n| --- | --- | --- | --- |")
+    b = res[base][0]
+    for name, (c, w) in res.items():
+        print(f"| {name} | {c * 1e3:.1f} ms | {w * 1e3:.1f} ms | {c / b:.2f} |")
+
+
+# --------------------------------------------------------------------------------------------------
+# the forms and their peers
+# --------------------------------------------------------------------------------------------------
+def form_entries(n: int, which: str | None = None) -> dict[str, Callable[[], Any]]:
+    import numpy as np
+    import torch
+
+    from gramcheck import variants as V
+    from gramcheck.adapters.fla import _naive
+    from gramcheck.forms import linear_recurrence
+    from gramcheck.variants.retnet import head_gammas
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, H, n, D) for _ in range(3))
+    g = torch.nn.functional.logsigmoid(torch.randn(1, H, n, D)) / 16  # fla's GLA gate (gate_logit_normalizer 16)
+    gla, rn, lin = V.get("gla"), V.get("retnet"), V.get("linear-elu")
+    naive_sgla = _naive("simple_gla").naive_chunk_simple_gla
+    naive_gla = _naive("gla").naive_recurrent_gla
+    lg = torch.as_tensor(np.log(head_gammas(H)), dtype=torch.float32).reshape(1, 1, H).expand(1, n, H)
+    qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
+    gt = g.transpose(1, 2).contiguous()
+    s = D**-0.5
+    g_head = lg[:, :1].reshape(1, H, 1, 1).expand(1, H, n, 1)  # RetNet's per-head log gamma, per token
+    entries: dict[str, Callable[[], Any]] = {
+        "gla chunked C=64": lambda: linear_recurrence(q * s, k, v, g, causal=True, form="chunked", chunk_size=64),
+        "gla recurrent": lambda: linear_recurrence(q * s, k, v, g, causal=True, form="recurrent"),
+        "fla naive_recurrent_gla": lambda: naive_gla(qt, kt, vt, gt),
+        "gla variant chunked (with input checks)": lambda: gla.torch(
+            q, k, v, causal=True, form="chunked", chunk_size=64, g=g
+        ),
+        "retnet chunked C=64": lambda: linear_recurrence(
+            q * s, k, v, g_head, causal=True, form="chunked", chunk_size=64
+        ),
+        "fla naive_chunk_simple_gla C=64": lambda: naive_sgla(qt, kt, vt, lg, chunk_size=64),
+        "retnet recurrent": lambda: linear_recurrence(q * s, k, v, g_head, causal=True, form="recurrent"),
+        "retnet variant chunked (with input checks)": lambda: rn.torch(
+            q, k, v, causal=True, form="chunked", chunk_size=64
+        ),
+        "linear-elu chunked C=64": lambda: lin.torch(q, k, v, causal=True, form="chunked", chunk_size=64),
+        "linear-elu recurrent": lambda: lin.torch(q, k, v, causal=True, form="recurrent"),
+    }
+    if which is not None:
+        return {which: entries[which]}
+    return entries
+
+
+GROUPS = {
+    "gla": ("gla chunked C=64", "gla recurrent", "fla naive_recurrent_gla", "gla variant chunked (with input checks)"),
+    "retnet": (
+        "retnet chunked C=64",
+        "fla naive_chunk_simple_gla C=64",
+        "retnet recurrent",
+        "retnet variant chunked (with input checks)",
+    ),
+    "linear-elu": ("linear-elu chunked C=64", "linear-elu recurrent"),
+}
+
+
+def cmd_forms(args: argparse.Namespace) -> None:
+    for n in args.n:
+        entries = form_entries(n)
+        for group, names in GROUPS.items():
+            res = interleaved({k: entries[k] for k in names}, args.rounds)
+            table(f"{group}, causal, float32, B=1 H={H} N={n} d={D}", res, names[0])
+
+
+def cmd_memory(args: argparse.Namespace) -> None:
+    print("\n### peak RSS above the RSS before the call (MiB), fresh subprocess per entry\n")
+    names = [k for g in GROUPS.values() for k in g]
+    print("| entry | " + " | ".join(f"N={n}" for n in args.n) + " |\n| --- |" + " --- |" * len(args.n))
+    for name in names:
+        cells = []
+        for n in args.n:
+            out = subprocess.run(
+                [sys.executable, __file__, "_rss", name, str(n)], capture_output=True, text=True, check=True
+            ).stdout
+            cells.append(f"{json.loads(out.strip().splitlines()[-1])['peak_mib']:.0f}")
+        print(f"| {name} | " + " | ".join(cells) + " |")
+
+
+def _rss(name: str, n: int) -> None:
+    """Child: build the inputs, warm up at N = 64, then report the peak RSS increase of one call."""
+    form_entries(64, name)[name]()
+    fn = form_entries(n, name)[name]
+    base = _current_rss_kib()
+    fn()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    print(json.dumps({"peak_mib": max(peak - base, 0) / 1024}))
+
+
+def _current_rss_kib() -> int:
+    with open("/proc/self/statm") as f:
+        pages = int(f.read().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE") // 1024
+
+
+# --------------------------------------------------------------------------------------------------
+# the oracle
+# --------------------------------------------------------------------------------------------------
+ORACLE_CASES = {
+    "softmax": ({}, False),
+    "linear-elu": ({}, True),
+    "performer-positive": ({}, False),
+    "gla": ({}, True),
+    "retnet": ({}, True),
+}
+
+
+def oracle_inputs(name: str, n: int = 256, d: int = 32) -> tuple[Any, ...]:
+    import numpy as np
+
+    from gramcheck.featuremaps import random_projection
+    from gramcheck.variants import get
+
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, 1, n, d)) for _ in range(3))
+    extras: dict[str, Any] = {}
+    var = get(name)
+    if "projection" in var.inputs:
+        extras["projection"] = random_projection(2 * d, d, seed=0)
+    if "g" in var.inputs:
+        extras["g"] = np.log(rng.uniform(0.9, 0.999, (1, 1, n, d)))
+    return q, k, v, extras
+
+
+def cmd_oracle(args: argparse.Namespace) -> None:
+    from gramcheck.arith import F64
+    from gramcheck.oracle import truth
+    from gramcheck.variants import get
+
+    for name, (params, causal) in ORACLE_CASES.items():
+        q, k, v, extras = oracle_inputs(name)
+        var = get(name)
+        kw = dict(causal=causal, **params, **extras)
+        res = interleaved(
+            {
+                "plain float64 reference": partial(var.reference, q, k, v, arith=F64, **kw),
+                "truth (digits=10)": partial(truth, name, q, k, v, digits=10, **kw),
+            },
+            args.rounds,
+        )
+        table(
+            f"oracle, {name}{' causal' if causal else ''}, N=256 d=32, benign (standard normal)",
+            res,
+            "plain float64 reference",
+        )
+    cmd_oracle_ill(args)
+
+
+def ill_inputs(n: int = 12, d: int = 4) -> tuple[Any, ...]:
+    """Near-duplicate keys with opposite values: the unnormalised output nearly cancels (float64 loses
+    about 6 digits), on a few rows only (the others are benign)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, 1, n, d)) for _ in range(3))
+    k[..., 1:4:2, :] = k[..., 0:3:2, :] * (1 + 1e-11)
+    v[..., 1:4:2, :] = -v[..., 0:3:2, :]
+    return q, k, v
+
+
+def cmd_oracle_ill(args: argparse.Namespace) -> None:
+    from gramcheck.arith import BallMP
+    from gramcheck.oracle import truth
+    from gramcheck.variants import get
+
+    var = get("linear-unnormalised")
+    for causal in (True, False):
+        q, k, v = ill_inputs()
+        t = truth(var, q, k, v, causal=causal, feature="identity", digits=10)
+        prec = t.prec
+        res = interleaved(
+            {
+                "truth (digits=10)": partial(truth, var, q, k, v, causal=causal, feature="identity", digits=10),
+                f"all ball-mpmath[{prec}]": partial(
+                    var.reference, q, k, v, causal=causal, feature="identity", arith=BallMP(prec)
+                ),
+            },
+            args.rounds,
+        )
+        table(
+            f"oracle, linear-unnormalised{' causal' if causal else ''}, ill-conditioned (N=12 d=4, cancelling "
+            f"rows), truth used {t.arithmetic}",
+            res,
+            "truth (digits=10)",
+        )
+
+
+# --------------------------------------------------------------------------------------------------
+# one check
+# --------------------------------------------------------------------------------------------------
+def cmd_check(args: argparse.Namespace) -> None:
+    cmd = [sys.executable, "-m", "gramcheck", "check", "builtin:linear-elu", "--causal"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop("OMP_NUM_THREADS", None)
+    res: dict[str, list[tuple[float, float]]] = {}
+    for _ in range(args.rounds):
+        for threads in ("0", "1"):
+            env["GRAMCHECK_THREADS"] = threads
+            w0 = time.perf_counter()
+            r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            subprocess.run(cmd, env=env, capture_output=True, check=False)
+            r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu = (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime)
+            res.setdefault(threads, []).append((cpu, time.perf_counter() - w0))
+    print("\n### `gramcheck check builtin:linear-elu --causal` (ci profile), separate processes, interleaved\n")
+    print("| GRAMCHECK_THREADS | CPU median | wall median |\n| --- | --- | --- |")
+    for threads, runs in res.items():
+        label = "0 (torch/BLAS defaults)" if threads == "0" else threads
+        cpu = statistics.median(r[0] for r in runs)
+        wall = statistics.median(r[1] for r in runs)
+        print(f"| {label} | {cpu:.2f} s | {wall:.2f} s |")
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "_rss":
+        _rss(sys.argv[2], int(sys.argv[3]))
+        return
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("what", choices=["forms", "memory", "oracle", "check"])
+    ap.add_argument("--n", type=int, nargs="+", default=[1024, 4096, 16384])
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    print(environment())
+    {"forms": cmd_forms, "memory": cmd_memory, "oracle": cmd_oracle, "check": cmd_check}[args.what](args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+"""The definition, differentiable: the shim over torch tensors of one dtype, complete (``asarray``,
+``zeros``, ``stack``, ``fill``, ``cumsum``) so that a variant's ``reference_fn`` runs in torch with
+autograd. In float64 it gives the reference gradients of backward agreement; in the target's dtype it
+gives the definition's own gradient in that dtype (proofs/backward-agreement.md)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from .torch_arith import TorchArith
+
+
+class TorchDefinition(TorchArith):
+    """``TorchArith`` whose constants and fresh arrays are tensors of ``dtype`` on ``device``."""
+
+    def __init__(self, dtype: Any, device: Any = "cpu"):
+        import torch
+
+        self.dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+        self.device = device
+
+    def __repr__(self) -> str:
+        return f"<Arith torch {self.dtype}>"
+
+    @contextlib.contextmanager
+    def context(self) -> Iterator[None]:
+        yield
+
+    def asarray(self, x: Any) -> Any:
+        import torch
+
+        if isinstance(x, torch.Tensor):
+            return x
+        return torch.as_tensor(np.asarray(x, dtype=np.float64)).to(dtype=self.dtype, device=self.device)
+
+    def zeros(self, shape: tuple[int, ...]) -> Any:
+        import torch
+
+        return torch.zeros(shape, dtype=self.dtype, device=self.device)
+
+    def stack(self, xs: Sequence[Any], axis: int = 0) -> Any:
+        import torch
+
+        return torch.stack(list(xs), dim=axis)
+
+    def fill(self, x: Any, keep: np.ndarray, value: float) -> Any:
+        import torch
+
+        mask = torch.as_tensor(np.asarray(keep, dtype=bool), device=x.device)
+        return x.masked_fill(~mask, value)
+
+    def cumsum(self, x: Any, axis: int) -> Any:
+        return x.cumsum(dim=axis)
+
+    def stop_max(self, x: Any, axis: int | tuple[int, ...], keep: Any = None) -> Any:
+        import torch
+
+        if keep is not None and not isinstance(keep, torch.Tensor):
+            keep = torch.as_tensor(np.asarray(keep, dtype=bool), device=x.device)
+        return super().stop_max(x, axis, keep)

@@ -1,0 +1,244 @@
+"""Backward agreement (proofs/backward-agreement.md): the target's gradients in its own dtype against the
+gradients of the definition.
+
+For L = <W, o> (+ <W_S, S_N> for a state-passing target, run from a nonzero S_0), with W, W_S fixed and
+representable in the dtype, each gradient G_x (x in q, k, v, the differentiable extra inputs, and the
+initial state) is compared with the reference G*_x, autograd of the definition evaluated in float64:
+
+    max |G_x - G*_x| <= k max |N_x - G*_x| + 4 u s_x,   k = 2,
+    s_x = max(max |G*_x|, T_x)   (T_x: the size of the entry's terms, componentwise; where G*_x = 0
+                                  up to float64 rounding, sum_y max|G*_y| max|y| / max|x| instead of max |G*_x|),
+
+N_x being autograd of the same definition evaluated in the target's dtype (the low-precision rule of the
+forward, proofs/low-precision-rule.md, applied per gradient tensor, as FlashAttention's backward tests
+do). Applies to float32, bfloat16 and float16 targets; float64 targets are left to gradcheck.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..arith import rounding_model
+from ..autodiff import TorchDefinition
+from ..findings import Finding
+from ..precision import round_to, unit_roundoff
+from ..strategies import AttentionInputs
+from ..targets import Target
+from .base import guarded
+from .invariants import _rng, _undefined
+from .state import initial_state_of, parts_finding
+
+BACKWARD_K = 2.0
+BACKWARD_FLOOR_ULPS = 4.0
+CANCELLED = 2.0**-40  # a reference gradient this small against its natural size vanishes exactly
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
+def differentiable(target: Target, ex: AttentionInputs) -> list[str]:
+    """The inputs whose gradients are checked: q, k, v and the extra inputs that are not fixed draws."""
+    return ["q", "k", "v", *[n for n in ex.extras if target.variant.input(n).differentiable]]
+
+
+def _loss(res: Any, w: Any, ws: Any) -> Any:
+    if isinstance(res, (tuple, list)):
+        return (res[0] * w.to(res[0].dtype)).sum() + (res[1] * ws.to(res[1].dtype)).sum()
+    return (res * w.to(res.dtype)).sum()
+
+
+def _grads(loss: Any, leaves: dict[str, Any]) -> dict[str, np.ndarray]:
+    torch = _torch()
+    gs = torch.autograd.grad(loss, list(leaves.values()), allow_unused=True)
+    return {
+        n: (np.zeros(tuple(x.shape)) if g is None else g.detach().to("cpu").double().numpy())
+        for (n, x), g in zip(leaves.items(), gs, strict=True)
+    }
+
+
+def definition_gradients(
+    target: Target,
+    arrays: dict[str, np.ndarray],
+    names: list[str],
+    w: np.ndarray,
+    ws: np.ndarray | None,
+    *,
+    causal: bool,
+    dtype: str,
+) -> dict[str, np.ndarray]:
+    """Gradients of L = <W, o> (+ <W_S, S_N>) through the variant's definition evaluated in ``dtype``."""
+    torch = _torch()
+    ar = TorchDefinition(dtype)
+    t = {n: ar.asarray(x).requires_grad_(n in names) for n, x in arrays.items()}
+    q, k, v = t["q"], t["k"], t["v"]
+    extras = {n: x for n, x in t.items() if n not in ("q", "k", "v", "initial_state")}
+    opts: dict[str, Any] = {}
+    if "initial_state" in t:
+        opts = {"initial_state": t["initial_state"], "output_final_state": True}
+    with torch.enable_grad():
+        res = target.variant.reference_fn(ar, q, k, v, causal=causal, **target.params, **extras, **opts)
+        loss = _loss(res, torch.as_tensor(w), None if ws is None else torch.as_tensor(ws))
+        return _grads(loss, {n: t[n] for n in names})
+
+
+def target_gradients(
+    target: Target,
+    arrays: dict[str, np.ndarray],
+    names: list[str],
+    w: np.ndarray,
+    ws: np.ndarray | None,
+    *,
+    causal: bool,
+) -> dict[str, np.ndarray]:
+    """Gradients of the same L through the target, in its dtype (its own backward)."""
+    torch = _torch()
+    t = target.tensors(arrays)
+    for n in names:
+        t[n] = t[n].detach().requires_grad_(True)
+    leaves = {n: t[n] for n in names}
+    opts = {"output_final_state": True} if "initial_state" in t else {}
+    with torch.enable_grad():
+        res = target.call_torch(t.pop("q"), t.pop("k"), t.pop("v"), causal=causal, **t, **opts)
+        return _grads(_loss(res, torch.as_tensor(w), None if ws is None else torch.as_tensor(ws)), leaves)
+
+
+def _is_log_decay(target: Target, name: str) -> bool:
+    return name not in ("q", "k", "v", "initial_state") and target.variant.input(name).log_decay
+
+
+def _keeps_sign(target: Target, name: str) -> bool:
+    """Inputs whose sign is kept in the size of the gradient's terms: log-decays (the decays themselves
+    are positive) and inputs that are not differentiated (random features are drawn, not learned)."""
+    if name in ("q", "k", "v", "initial_state"):
+        return False
+    spec = target.variant.input(name)
+    return spec.log_decay or not spec.differentiable
+
+
+def gradient_terms(
+    target: Target,
+    arrays: dict[str, np.ndarray],
+    names: list[str],
+    w: np.ndarray,
+    ws: np.ndarray | None,
+    *,
+    causal: bool,
+) -> dict[str, np.ndarray]:
+    """Componentwise size of each gradient's terms: the float64 gradient of the definition with |q|, |k|,
+    |v|, |S_0|, |W|, |W_S| (log-decays kept: the decays are positive). For a function multilinear in those
+    inputs with positive decays this is exactly sum |terms| of every entry; elsewhere an estimate of it."""
+    absolute = {n: (x if _keeps_sign(target, n) else np.abs(x)) for n, x in arrays.items()}
+    with np.errstate(all="ignore"):
+        out = definition_gradients(
+            target, absolute, names, np.abs(w), None if ws is None else np.abs(ws), causal=causal, dtype="float64"
+        )
+    return {n: np.where(np.isfinite(g), np.abs(g), 0.0) for n, g in out.items()}
+
+
+def log_decay_terms(arrays: dict[str, np.ndarray], ref: dict[str, np.ndarray], name: str) -> np.ndarray:
+    """The size of the terms of a log-decay gradient: with decays entering as exp(b_t - b_s), b the
+    cumulative log-decays, dL/dg_r = sum_{t >= r} (q_t * dq_t - k_t * dk_t) (+ S_0 * dS_0 summed over
+    d_v at r = 0), a sum of N terms that cancel; their magnitudes summed over the tokens (and channels
+    where g is one per head), broadcast to g's shape."""
+    g = arrays[name]
+    per = np.abs(arrays["q"] * ref["q"]) + np.abs(arrays["k"] * ref["k"])  # (B, H, N, d_k)
+    if "initial_state" in ref:
+        s0 = np.sum(np.abs(arrays["initial_state"] * ref["initial_state"]), axis=-1)  # (B, H, d_k)
+        per = per + s0[:, :, None, :] / per.shape[2]
+    if g.ndim == 3 or g.shape[-1] == 1:
+        per = np.sum(per, axis=-1, keepdims=True)
+    total = np.sum(per, axis=2, keepdims=True)  # (B, H, 1, c)
+    return np.broadcast_to(total if g.ndim == 4 else total[..., 0], g.shape)
+
+
+def _term_size(target: Target, ex: AttentionInputs, w: np.ndarray, *, causal: bool) -> float:
+    """The size of L's terms, sum |W| |o-terms|, read off the forward rounding model R ~ gamma_{N+d} |terms|:
+    the scale of a gradient that cancels exactly everywhere (an output that is 0 by cancellation,
+    gram-diag-subtracted at N = 1)."""
+    u = unit_roundoff(target.dtype)
+    model = rounding_model(target.dtype)
+    with np.errstate(all="ignore"):
+        ball = target.variant.reference(ex.q, ex.k, ex.v, causal=causal, arith=model, **target.params, **ex.extras)
+        radius = np.asarray(model.radius(ball), dtype=np.float64)
+    finite = np.where(np.isfinite(radius), radius, 0.0)
+    return float(np.sum(np.abs(w) * finite)) / (u * (ex.q.shape[-2] + ex.q.shape[-1]))
+
+
+def smooth_definition(variant: Any, causal: bool, params: dict[str, Any]) -> bool:
+    """The definition's gradient is well conditioned wherever it exists: no denominator can vanish (relu
+    and trig features excluded: near a vanishing denominator the gradient of the definition itself loses
+    every digit, and normaliser-margin reports those inputs)."""
+    from .conditioning import vanishing_denominator
+
+    return not vanishing_denominator(variant, causal, params)
+
+
+NORMALISING = ("denominator", "qk-scale-invariant", "v-scale-invariant")
+
+
+def term_sizes_known(variant: Any, causal: bool, params: dict[str, Any]) -> bool:
+    """Applicability of backward agreement: no normalisation (denominator, q/k norm, output norm), so
+    that ``gradient_terms`` is the size of every gradient entry's terms (or an upper estimate of it)
+    and the floor of the rule is sound; normalised forms need the adjoint's own rounding model
+    (proofs/backward-agreement.md, route 1)."""
+    return smooth_definition(variant, causal, params) and not (set(NORMALISING) & set(variant.declares))
+
+
+@guarded("backward-agreement")
+def backward_agreement(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding | None:
+    """Per gradient tensor: max|G - G*| <= 2 max|N - G*| + 4 u max|G*| (module docstring)."""
+    if target.dtype == "float64":
+        return Finding.skip("backward-agreement", "float64 target: gradcheck judges its gradients")
+    if _undefined(target, ex, causal):
+        return None
+    arrays: dict[str, np.ndarray] = {"q": ex.q, "k": ex.k, "v": ex.v, **ex.extras}
+    rng = _rng(ex, "backward")
+    w = round_to(rng.standard_normal(ex.v.shape), target.dtype)
+    ws = None
+    stateful = causal and "state-passing" in target.variant.declares and target.passes_state
+    if stateful and not target.params.get("group_norm"):
+        arrays["initial_state"] = initial_state_of(target, ex, "backward-state")
+        ws = round_to(rng.standard_normal(arrays["initial_state"].shape), target.dtype)
+    names = differentiable(target, ex) + (["initial_state"] if ws is not None else [])
+    ref = definition_gradients(target, arrays, names, w, ws, causal=causal, dtype="float64")
+    if not all(np.all(np.isfinite(g)) for g in ref.values()):
+        return None  # the exact gradient is not finite here: outside the domain
+    naive = definition_gradients(target, arrays, names, w, ws, causal=causal, dtype=target.dtype)
+    terms = gradient_terms(target, arrays, names, w, ws, causal=causal)
+    got = target_gradients(target, arrays, names, w, ws, causal=causal)
+    u = unit_roundoff(target.dtype)
+    parts, naive_err, scales = {}, {}, {}
+    size = {n: float(np.max(np.abs(arrays[n]), initial=0.0)) for n in names}
+    # L's sensitivity to a relative change of the inputs: sum_y max|G*_y| max|y| (a gradient that vanishes
+    # exactly, dq at N = 1 of a normalised form, is still computed from terms of this size / |x|)
+    sensitivity = sum(float(np.max(np.abs(ref[n]), initial=0.0)) * size[n] for n in names)
+    if sensitivity == 0:
+        sensitivity = _term_size(target, ex, w, causal=causal)
+    for n in names:
+        diff_n = np.abs(naive[n] - ref[n])
+        e_n = float(np.max(np.where(np.isnan(diff_n), np.inf, diff_n), initial=0.0))
+        scale: Any = float(np.max(np.abs(ref[n]), initial=0.0))
+        natural = sensitivity / size[n] if size[n] > 0 else 0.0
+        if scale <= CANCELLED * natural:  # vanishes up to float64 rounding: computed from terms that cancel
+            scale = natural
+        scale = np.maximum(scale, log_decay_terms(arrays, ref, n) if _is_log_decay(target, n) else terms[n])
+        bound = BACKWARD_K * e_n + BACKWARD_FLOOR_ULPS * u * scale
+        err = np.abs(got[n] - ref[n])
+        parts[f"d{n}"] = (np.where(np.isnan(err), np.inf, err), bound)
+        naive_err[f"d{n}"], scales[f"d{n}"] = e_n, float(np.max(scale))
+    token_axis = {f"d{n}": 2 for n in names if n not in ("initial_state",) and np.ndim(arrays[n]) >= 3}
+    return parts_finding(
+        "backward-agreement",
+        ex,
+        parts,
+        token_axis=token_axis,
+        naive_errors=naive_err,
+        gradient_scales=scales,
+        k=BACKWARD_K,
+        gradients=[f"d{n}" for n in names],
+    )

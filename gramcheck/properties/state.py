@@ -1,0 +1,253 @@
+"""State passing (proofs/state-passing.md): a target that takes ``initial_state`` S_0 (B, H, d_k, d_v) and
+returns ``(out, final_state)`` with ``output_final_state=True`` (fla's convention) is checked for
+
+* state-agreement: out and S_N from a nonzero S_0 agree with the definition's, within 2 R(u) each;
+* state-split: running [0, t) then [t, N) from the carried state equals one pass over [0, N), within the
+  two computations' rounding bounds, for t at and off chunk boundaries;
+* zero-initial-state: S_0 = 0 gives what no S_0 gives, within the two rounding bounds (bit identity is
+  recorded, not required: a kernel may take another code path when handed a state).
+
+The bounds are the rounding model of the definition (proofs/fp-forward-error.md) run from the same S_0,
+and, for the carried state, the definition's own propagation of a state error (linear, with non-negative
+coefficients: decays and |q|).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..agreement import REASSOCIATION_FACTOR
+from ..arith import BALL_F64, BallMP, rounding_model
+from ..findings import Finding
+from ..precision import round_to
+from ..strategies import AttentionInputs
+from ..targets import Target
+from .base import arrays_of, guarded
+from .invariants import _rng
+
+CHUNKS = (16, 64)  # chunk sizes whose boundaries the split point aims at (fla's BT = 64; ours 16)
+
+
+def state_passing(variant: Any, causal: bool, params: dict[str, Any]) -> bool:
+    """Applicability: causal, a variant with a recurrent state, and no output norm (GroupNorm is applied
+    to the output, not the state, and does not propagate a state error linearly)."""
+    return causal and "state-passing" in variant.declares and not params.get("group_norm")
+
+
+def _not_declared(name: str, target: Target) -> Finding:
+    return Finding.skip(name, f"{target.name} takes no initial_state/output_final_state")
+
+
+def initial_state_of(target: Target, ex: AttentionInputs, salt: str = "state") -> np.ndarray:
+    """A nonzero S_0 (B, H, d_k, d_v) drawn from the example, of the size of the state the inputs build
+    (max|k| max|v| per entry), rounded to the target's dtype."""
+    B, H, N, dk = ex.q.shape
+    scale = max(float(np.max(np.abs(ex.k))) * float(np.max(np.abs(ex.v))), 1.0)
+    s0 = _rng(ex, salt).standard_normal((B, H, dk, ex.v.shape[-1])) * scale
+    return round_to(s0, ex.dtype)
+
+
+def _reference(target: Target, ex: AttentionInputs, arith: Any, **opts: Any) -> Any:
+    return target.variant.reference(
+        ex.q, ex.k, ex.v, causal=True, arith=arith, output_final_state=True, **target.params, **ex.extras, **opts
+    )
+
+
+def state_truth(target: Target, ex: AttentionInputs, s0: np.ndarray | None, atol: tuple[np.ndarray, ...]) -> tuple:
+    """((out, S_N) exact to within ``atol`` (per part), (their enclosure radii)): float64 balls first,
+    mpmath balls at 128, 256, 512 bits only where float64 falls short."""
+    for arith in (BALL_F64, BallMP(128), BallMP(256), BallMP(512)):
+        balls = _reference(target, ex, arith, initial_state=s0)
+        with arith.context():
+            vals = tuple(np.asarray(arith.to_float64(b), dtype=np.float64) for b in balls)
+            rads = tuple(np.asarray(arith.radius(b), dtype=np.float64) for b in balls)
+        # the float64 rounding of an mpmath midpoint: half an ulp of the value
+        rads = tuple(r + np.abs(v) * 2.0**-53 for r, v in zip(rads, vals, strict=True))
+        if all(np.all(r <= a) for r, a in zip(rads, atol, strict=True)):
+            break
+    return vals, rads
+
+
+def state_bound(target: Target, ex: AttentionInputs, s0: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """2 R(u) of (out, S_N) computed from S_0 in the target's dtype (proofs/state-passing.md)."""
+    model = rounding_model(target.dtype)
+    balls = _reference(target, ex, model, initial_state=s0)
+    with model.context():
+        out_b, st_b = (REASSOCIATION_FACTOR * np.asarray(model.radius(b), dtype=np.float64) for b in balls)
+    return out_b, st_b
+
+
+def propagation(target: Target, ex: AttentionInputs, err: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Upper bounds on |out(S_0 + E) - out(S_0)| and |S_N(S_0 + E) - S_N(S_0)| for |E| <= err: the
+    definition is affine in S_0 with coefficients s q_t diag(decay) (and decay for S_N); evaluated on |q|
+    (features phi(|q|) >= |phi(q)| for the monotone non-negative feature maps) with v = 0."""
+    zero_v = np.zeros_like(ex.v)
+    with np.errstate(all="ignore"):
+        out, st = target.variant.reference(
+            np.abs(ex.q),
+            ex.k,
+            zero_v,
+            causal=True,
+            output_final_state=True,
+            initial_state=err,
+            **target.params,
+            **ex.extras,
+        )
+    slack = 1 + 1e-12 * (ex.q.shape[-2] + ex.q.shape[-1])  # float64 evaluation of non-negative sums
+    return np.abs(out) * slack, np.abs(st) * slack
+
+
+def _segment(ex: AttentionInputs, a: int, b: int) -> AttentionInputs:
+    from dataclasses import replace
+
+    n = ex.q.shape[-2]
+    extras = {k: (x[:, :, a:b] if x.ndim >= 3 and x.shape[2] == n else x) for k, x in ex.extras.items()}
+    return replace(ex, q=ex.q[:, :, a:b], k=ex.k[:, :, a:b], v=ex.v[:, :, a:b], extras=extras)
+
+
+def parts_finding(
+    name: str,
+    ex: AttentionInputs,
+    parts: dict[str, tuple[np.ndarray, np.ndarray]],
+    *,
+    token_axis: dict[str, int] | None = None,
+    **details: Any,
+) -> Finding:
+    """measured = max over named parts of err / bound (NaN error: inf); details name the worst entry
+    ('part[i,j,...]'), its error and bound, the shape, and for parts with a token axis the first failing
+    token and its position in each stressed chunk size."""
+    worst_name, worst_idx, worst_r = "", (), -1.0
+    firsts: dict[str, int] = {}
+    for part, (err, bound) in parts.items():
+        err = np.asarray(err, dtype=np.float64)
+        bound = np.broadcast_to(np.asarray(bound, dtype=np.float64), err.shape)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            r = np.where(err == 0, 0.0, err / bound)
+        r = np.where(np.isnan(r), np.inf, r)
+        if not r.size:
+            continue
+        i = np.unravel_index(int(np.argmax(r)), r.shape)
+        if float(r[i]) > worst_r:
+            worst_name, worst_idx, worst_r = part, i, float(r[i])
+            details["worst_error"] = float(err[i])
+            details["worst_bound"] = float(bound[i])
+        axis = (token_axis or {}).get(part)
+        if axis is not None and np.any(r > 1):
+            bad = np.any(np.moveaxis(r > 1, axis, -1).reshape(-1, r.shape[axis]), axis=0)
+            firsts[part] = int(np.flatnonzero(bad)[0])
+    measured = max(worst_r, 0.0)
+    passed = measured <= 1.0
+    details["entry"] = f"{worst_name}[{','.join(str(int(j)) for j in worst_idx)}]"
+    details["shape"] = [int(x) for x in ex.q.shape] + [int(ex.v.shape[-1])]
+    if firsts:
+        t = min(firsts.values())
+        details["first_failing_token"] = t
+        details["chunk_position"] = {str(c): t % c for c in CHUNKS}
+    return Finding(
+        name,
+        measured,
+        1.0,
+        rigour="sampled",
+        counterexample=None if passed else ex.summary(),
+        details=details,
+        arrays=None if passed else arrays_of(ex),
+    )
+
+
+@guarded("state-agreement")
+def state_agreement(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding | None:
+    """From a nonzero S_0: |out - out*| <= 2 R_out(u) and |S_N - S_N*| <= 2 R_S(u) componentwise, * the
+    definition run from the same S_0 (proofs/state-passing.md)."""
+    if not target.passes_state:
+        return _not_declared("state-agreement", target)
+    s0 = initial_state_of(target, ex)
+    out, st = target.run(ex.q, ex.k, ex.v, causal=True, initial_state=s0, output_final_state=True, **ex.extras)
+    b_out, b_st = state_bound(target, ex, s0)
+    (t_out, t_st), (r_out, r_st) = state_truth(target, ex, s0, (0.01 * b_out, 0.01 * b_st))
+    return parts_finding(
+        "state-agreement",
+        ex,
+        {"out": (np.abs(out - t_out) + r_out, b_out), "final_state": (np.abs(st - t_st) + r_st, b_st)},
+        token_axis={"out": 2},
+        initial_state_max=float(np.max(np.abs(s0))),
+    )
+
+
+def _diff(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """|a - b|: 0 where equal (infinities included) or both NaN, inf where only one is NaN."""
+    same = (a == b) | (np.isnan(a) & np.isnan(b))
+    with np.errstate(invalid="ignore"):
+        diff = np.abs(a - b)
+    return np.where(same, 0.0, np.where(np.isnan(diff), np.inf, diff))
+
+
+def split_point(ex: AttentionInputs) -> int:
+    """t in [1, N - 1]: a chunk boundary or its neighbour (c - 1, c, c + 1 for multiples c of the chunk
+    sizes) when N reaches one, else any; chosen by the example."""
+    n = ex.q.shape[-2]
+    rng = _rng(ex, "split")
+    near = sorted({m + o for c in CHUNKS for m in range(c, n, c) for o in (-1, 0, 1) if 1 <= m + o <= n - 1})
+    if near and rng.random() < 0.75:
+        return int(rng.choice(near))
+    return int(rng.integers(1, n))
+
+
+@guarded("state-split")
+def state_split(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding | None:
+    """[0, t) from S_0, then [t, N) from the carried state, equals one pass over [0, N) from S_0:
+    |split - full| <= B_full + B_split, with B_split the rounding bounds of both segments plus the
+    propagation of the carried state's error (its bound and its rounding to the dtype)."""
+    if not target.passes_state:
+        return _not_declared("state-split", target)
+    n = ex.q.shape[-2]
+    if n < 2:
+        return None
+    t = split_point(ex)
+    s0 = initial_state_of(target, ex) if _rng(ex, "zero").random() < 0.75 else None
+    first, second = _segment(ex, 0, t), _segment(ex, t, n)
+    out, st = target.run(ex.q, ex.k, ex.v, causal=True, initial_state=s0, output_final_state=True, **ex.extras)
+    o1, s1 = target.run(
+        first.q, first.k, first.v, causal=True, initial_state=s0, output_final_state=True, **first.extras
+    )
+    carried = round_to(s1, target.dtype)  # passed in the target's dtype
+    o2, s2 = target.run(
+        second.q, second.k, second.v, causal=True, initial_state=carried, output_final_state=True, **second.extras
+    )
+    b_out, b_st = state_bound(target, ex, s0)
+    b1_out, b1_st = state_bound(target, first, s0)
+    b2_out, b2_st = state_bound(target, second, carried)
+    p_out, p_st = propagation(target, second, b1_st + np.abs(carried - s1))
+    split_out = np.concatenate([o1, o2], axis=2)
+    bound_out = b_out + np.concatenate([b1_out, b2_out + p_out], axis=2)
+    return parts_finding(
+        "state-split",
+        ex,
+        {"out": (np.abs(split_out - out), bound_out), "final_state": (np.abs(s2 - st), b_st + b2_st + p_st)},
+        token_axis={"out": 2},
+        split=t,
+        split_chunk_position={str(c): t % c for c in CHUNKS},
+        initial_state="nonzero" if s0 is not None else "none",
+    )
+
+
+@guarded("zero-initial-state")
+def zero_initial_state(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding | None:
+    """S_0 = 0 gives the output and final state that no S_0 gives, within the two rounding bounds;
+    ``bit_identical`` records whether they are the same bits."""
+    if not target.passes_state:
+        return _not_declared("zero-initial-state", target)
+    B, H, N, dk = ex.q.shape
+    zero = np.zeros((B, H, dk, ex.v.shape[-1]))
+    a_out, a_st = target.run(ex.q, ex.k, ex.v, causal=True, output_final_state=True, **ex.extras)
+    z_out, z_st = target.run(ex.q, ex.k, ex.v, causal=True, initial_state=zero, output_final_state=True, **ex.extras)
+    b_out, b_st = state_bound(target, ex, None)
+    same = bool(np.array_equal(a_out, z_out, equal_nan=True) and np.array_equal(a_st, z_st, equal_nan=True))
+    return parts_finding(
+        "zero-initial-state",
+        ex,
+        {"out": (_diff(a_out, z_out), 2 * b_out), "final_state": (_diff(a_st, z_st), 2 * b_st)},
+        token_axis={"out": 2},
+        bit_identical=same,
+    )

@@ -1,0 +1,90 @@
+"""Backward agreement: the builtin forms' gradients in float32 and bfloat16 pass against the float64
+definition's; backwards that drop the scale on dv or a decay factor on dk fail while their forward passes
+agreement; the definition evaluated in the target's own dtype (the rule's naive reference) measures at
+about 1/2 (the rule is nearly tight for it)."""
+
+import numpy as np
+import pytest
+import torch
+from broken import gla_dk_missing_decay, retnet_dv_missing_scale
+
+from gramcheck import properties as P
+from gramcheck.api import check
+from gramcheck.autodiff import TorchDefinition
+from gramcheck.properties.backward import backward_agreement
+from gramcheck.strategies import attention_inputs, sample
+from gramcheck.targets import builtin
+
+DOMAIN = {"max_n": 70, "max_d": 6, "examples": 8}
+
+
+@pytest.mark.parametrize("name", ["gla", "retnet", "linear-unnormalised", "softmax", "transnormer-diag"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_builtin_backward_passes(name, dtype):
+    r = check(f"builtin:{name}", causal=True, dtype=dtype, properties=["backward-agreement"], domain=DOMAIN)
+    f = r.findings[0]
+    assert f.passed, r.summary() + str(f.details)
+    assert f.details["examples"] >= 1
+
+
+def test_gla_gradients_include_gates_and_initial_state():
+    r = check("builtin:gla", causal=True, properties=["backward-agreement"], domain={**DOMAIN, "examples": 2})
+    assert set(r.findings[0].details["gradients"]) == {"dq", "dk", "dv", "dg", "dinitial_state"}
+
+
+@pytest.mark.parametrize(
+    "fn,name,entry", [(retnet_dv_missing_scale, "retnet", "dv"), (gla_dk_missing_decay, "gla", "dk")]
+)
+def test_broken_backward_fails_while_forward_passes(fn, name, entry):
+    r = check(fn, name, causal=True, properties=["backward-agreement", "agreement"], domain={**DOMAIN, "min_d": 2})
+    back, fwd = r["backward-agreement"], r["agreement"]
+    assert fwd.passed, r.summary()
+    assert not back.passed and back.details["entry"].startswith(entry), r.summary() + str(back.details)
+    assert back.counterexample is not None and "first_failing_token" in back.details
+
+
+def test_naive_definition_measures_near_one_half():
+    """The rule's own naive reference as a target: its error is the naive error, so each gradient measures
+    e / (2 e + floor) <= 1/2 (a long bfloat16 recurrence)."""
+    ar = TorchDefinition("bfloat16")
+    t0 = builtin("gla", dtype="bfloat16")
+
+    def naive(q, k, v, *, causal, g):
+        return t0.variant.reference_fn(ar, q, k, v, causal=True, g=g, **t0.params)
+
+    t = builtin("gla", dtype="bfloat16")
+    t.fn = naive
+    ex = sample(attention_inputs("gla", dtype="bfloat16", kinds=["gaussian"], min_n=60, max_n=64, min_d=4, max_d=4))
+    f = backward_agreement(t, ex, causal=True)
+    # the target is the naive reference: every entry measures e_x / (2 e_x + floor) <= 1/2
+    assert f.passed and f.measured <= 0.5, f
+    assert f.measured > 0.15, f  # the floor is no more than ~2 e here: the bound is within ~3x of the naive error
+
+
+def test_applies_to_unnormalised_forms():
+    assert "backward-agreement" in {p.name for p in P.applicable("gla", True, {})}
+    for name in ("linear-relu", "linear-elu", "qknorm-linear", "transnormer-norm"):
+        assert "backward-agreement" not in {p.name for p in P.applicable(name, True, {})}
+
+
+def test_float64_targets_are_left_to_gradcheck():
+    r = check("builtin:softmax", causal=True, dtype="float64", properties=["backward-agreement"], domain=DOMAIN)
+    f = r.findings[0]
+    assert f.passed and "gradcheck" in f.details["note"]
+    assert torch.get_default_dtype() == torch.float32 and np.isfinite(f.measured)
+
+
+@pytest.mark.parametrize("form", ["chunked", "recurrent", "parallel"])
+def test_gated_forms_backward_is_finite_under_strong_decays(form):
+    """The bug backward-agreement found (finite-gradients too): a decay of e^-91 on one token must not give
+    NaN gradients (exp(-b) overflowing float32 inside a chunk's backward)."""
+    from gramcheck.forms import linear_recurrence
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 1, 3, 2, generator=gen).requires_grad_() for _ in range(3))
+    g = torch.full((1, 1, 3, 2), -91.0, requires_grad=True)
+    out = linear_recurrence(q, k, v, g, causal=True, form=form, chunk_size=16)
+    grads = torch.autograd.grad(out.sum(), (q, k, v, g))
+    assert all(bool(torch.isfinite(x).all()) for x in grads), [
+        n for n, x in zip("qkvg", grads, strict=True) if not x.isfinite().all()
+    ]

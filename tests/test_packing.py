@@ -1,0 +1,63 @@
+"""Packed sequences (cu_seqlens): the builtin forms give each sequence's own outputs, states and gradients
+and isolate the sequences bit for bit; a packed target whose state leaks across the boundary fails both."""
+
+import numpy as np
+import pytest
+import torch
+from broken import gla_packed_leaking_state
+
+from gramcheck import variants as V
+from gramcheck.api import check
+from gramcheck.packing import check_cu_seqlens
+
+PROPS = ["packing", "packing-isolation"]
+DOMAIN = {"max_n": 140, "max_d": 4, "examples": 5}
+
+
+@pytest.mark.parametrize("name", ["gla", "retnet", "linear-unnormalised", "linear-elu", "softmax"])
+def test_builtin_forms_pack(name):
+    r = check(f"builtin:{name}", causal=True, properties=PROPS, domain=DOMAIN)
+    assert r.passed, r.summary() + str([f.details for f in r.findings])
+
+
+def test_leaking_state_fails_both():
+    r = check(gla_packed_leaking_state, "gla", causal=True, properties=PROPS, domain=DOMAIN)
+    for f in r.findings:
+        assert not f.passed, r.summary()
+        assert "chunk_position" in f.details and f.counterexample is not None
+    # outputs change from the second sequence on (gradients of the first sequence's keys change too)
+    iso = r["packing-isolation"].details
+    assert iso["first_failing_token"] >= iso["cu_seqlens"][1]
+
+
+def test_packed_reference_is_each_sequence_alone():
+    rng = np.random.default_rng(0)
+    q, k, v = rng.standard_normal((3, 1, 2, 10, 3))
+    g = -rng.uniform(0, 1, (1, 2, 10, 3))
+    s0 = rng.standard_normal((2, 2, 3, 3))
+    var = V.get("gla")
+    out, st = var.reference(q, k, v, causal=True, g=g, cu_seqlens=[0, 4, 10], initial_state=s0, output_final_state=True)
+    o1, s1 = var.reference(
+        q[:, :, :4], k[:, :, :4], v[:, :, :4], causal=True, g=g[:, :, :4], initial_state=s0[:1], output_final_state=True
+    )
+    np.testing.assert_array_equal(out[:, :, :4], o1)
+    np.testing.assert_array_equal(st[:1], s1)
+    t = {n: torch.as_tensor(x) for n, x in (("q", q), ("k", k), ("v", v), ("g", g))}
+    ot = var.torch(**t, causal=True, cu_seqlens=torch.tensor([0, 4, 10]))
+    np.testing.assert_allclose(ot.numpy(), var.reference(q, k, v, causal=True, g=g, cu_seqlens=[0, 4, 10]), atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "cu,match",
+    [
+        ([0, 4], "strictly increasing offsets from 0 to N = 10"),
+        ([1, 10], "from 0"),
+        ([0, 5, 5, 10], "strictly"),
+        ([[0, 10]], "shape"),
+    ],
+)
+def test_bad_cu_seqlens_is_a_clear_error(cu, match):
+    with pytest.raises(ValueError, match=f"^cu_seqlens: .*{match}"):
+        check_cu_seqlens(np.array(cu), 10, 1)
+    with pytest.raises(ValueError, match="^q: got batch 2"):
+        check_cu_seqlens(np.array([0, 10]), 10, 2)

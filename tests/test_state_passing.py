@@ -1,0 +1,102 @@
+"""State passing: the builtin forms of gla, retnet and linear-unnormalised pass the three state properties;
+a target that ignores initial_state and one that returns its state transposed fail; the bound's
+propagation term is exact where it can be (q >= 0, a non-negative state error)."""
+
+import numpy as np
+import pytest
+from broken import gla_ignoring_initial_state, gla_state_as_dv_dk, gla_transposed_state, gla_uninitialised_state
+
+from gramcheck import properties as P
+from gramcheck import variants as V
+from gramcheck.api import check
+from gramcheck.properties.state import propagation, split_point
+from gramcheck.strategies import AttentionInputs
+from gramcheck.targets import builtin
+
+STATE_PROPS = ["state-agreement", "state-split", "zero-initial-state"]
+DOMAIN = {"max_n": 70, "max_d": 4, "examples": 6}
+
+
+@pytest.mark.parametrize("name", ["gla", "retnet", "linear-unnormalised"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_builtin_forms_pass_state_properties(name, dtype):
+    assert {p.name for p in P.applicable(name, True, {})} >= set(STATE_PROPS)
+    r = check(f"builtin:{name}", causal=True, dtype=dtype, properties=STATE_PROPS, domain=DOMAIN)
+    assert r.passed, r.summary() + str([f.details for f in r.findings])
+    assert r["zero-initial-state"].details["bit_identical"]
+
+
+def test_state_properties_apply_only_to_state_passing_variants():
+    assert "state-agreement" not in {p.name for p in P.applicable("linear-elu", True, {})}
+    assert "state-split" not in {p.name for p in P.applicable("retnet", True, {"group_norm": True})}
+    with pytest.raises(ValueError, match="^initial_state: variant 'softmax'"):
+        V.get("softmax").reference(*np.ones((3, 1, 1, 2, 2)), causal=True, initial_state=np.ones((1, 1, 2, 2)))
+
+
+@pytest.mark.parametrize("prop", ["state-agreement", "state-split"])
+def test_ignoring_the_initial_state_fails(prop):
+    r = check(gla_ignoring_initial_state, "gla", causal=True, properties=[prop], domain=DOMAIN)
+    f = r.findings[0]
+    assert not f.passed and f.measured > 10, r.summary()
+    assert f.details["entry"].startswith(("out[", "final_state[")) and f.counterexample is not None
+
+
+def test_transposed_state_fails():
+    r = check(gla_transposed_state, "gla", causal=True, properties=["state-agreement"], domain={**DOMAIN, "max_d": 3})
+    f = r.findings[0]
+    assert not f.passed, r.summary()
+    # a transposed state is invisible at d = 1: the shrunk example keeps d >= 2 and square
+    assert f.counterexample["shape"][-1] >= 2
+
+
+def test_propagation_term_is_exact_for_nonnegative_queries():
+    rng = np.random.default_rng(3)
+    q, k, v = np.abs(rng.standard_normal((3, 1, 2, 9, 3)))
+    g = -rng.uniform(0, 2, (1, 2, 9, 3))
+    ex = AttentionInputs(q, k, v, {"g": g}, dtype="float64")
+    t = builtin("gla", dtype="float64")
+    s0 = rng.standard_normal((1, 2, 3, 3))
+    err = np.abs(rng.standard_normal((1, 2, 3, 3)))
+    var = V.get("gla")
+    o1, s1 = var.reference(q, k, v, causal=True, g=g, initial_state=s0, output_final_state=True)
+    o2, s2 = var.reference(q, k, v, causal=True, g=g, initial_state=s0 + err, output_final_state=True)
+    p_out, p_st = propagation(t, ex, err)
+    np.testing.assert_allclose(p_out, np.abs(o2 - o1), rtol=1e-9)
+    np.testing.assert_allclose(p_st, np.abs(s2 - s1), rtol=1e-9)
+
+
+def test_split_points_reach_chunk_boundaries():
+    rng = np.random.default_rng(0)
+    hits = set()
+    for i in range(60):
+        q = rng.standard_normal((1, 1, 200, 2))
+        t = split_point(AttentionInputs(q, q + i, q))
+        assert 1 <= t <= 199
+        hits.add(t)
+    assert hits & {63, 64, 65} and hits & {127, 128, 129}
+
+
+def test_uninitialised_state_fails_zero_initial_state():
+    r = check(
+        gla_uninitialised_state, "gla", causal=True, properties=["zero-initial-state", "state-agreement"], domain=DOMAIN
+    )
+    assert not r["zero-initial-state"].passed and r["state-agreement"].passed, r.summary()
+
+
+def test_state_of_the_wrong_shape_or_type_is_a_target_failure():
+    from gramcheck.targets import Target
+
+    t = Target(gla_state_as_dv_dk, "gla")
+    rng = np.random.default_rng(0)
+    q, k = rng.standard_normal((2, 1, 1, 4, 3))
+    v = rng.standard_normal((1, 1, 4, 2))
+    g = -np.ones((1, 1, 4, 3))
+    f = P.get("state-agreement").fn(t, AttentionInputs(q, k, v, {"g": g}, dtype="float32"), causal=True)
+    assert not f.passed and f.details["failure"] == "wrong-shape" and "(B, H, d_k, d_v)" in f.details["error"]
+
+    def no_pair(q, k, v, *, causal, g, initial_state=None, output_final_state=False):
+        return V.get("gla").torch(q, k, v, causal=True, g=g, initial_state=initial_state)
+
+    t2 = Target(no_pair, "gla")
+    f2 = P.get("state-split").fn(t2, AttentionInputs(q, k, q, {"g": g}, dtype="float32"), causal=True)
+    assert not f2.passed and f2.details["failure"] == "wrong-type"
