@@ -213,6 +213,27 @@ def test_state_passing_equals_one_pass(name, split):
     assert np.max(np.abs(ref - var.reference(q, k, v, causal=True, **ex))) > 1e-3
 
 
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("form", ["chunked", "recurrent"])
+def test_future_tokens_leave_past_outputs_bit_exact(name, form):
+    """Causality inside a chunk: replacing q, k, v, beta, g after position t (t mid-chunk) changes no bit
+    of the outputs at positions <= t (the triangular solve and the masked products only read rows <= t)."""
+    N, t = 21, 9
+    q, k, v, ex = inputs(name, N=N, dtype="float32", seed=6)
+    rng = np.random.default_rng(8)
+    fut = [x.copy() for x in (q, k, v)]
+    for x in fut:
+        x[:, :, t + 1 :] = round_to(10 * rng.standard_normal(x[:, :, t + 1 :].shape), "float32")
+    ex2 = {n: x.copy() for n, x in ex.items()}
+    ex2["beta"][:, :, t + 1 :] = 2.0
+    if "g" in ex2:
+        ex2["g"][:, :, t + 1 :] = -50.0
+    a = run_torch(name, q, k, v, ex, form=form, chunk_size=16, dtype="float32")
+    b = run_torch(name, *fut, ex2, form=form, chunk_size=16, dtype="float32")
+    assert torch.equal(a[:, :, : t + 1], b[:, :, : t + 1])
+    assert not torch.equal(a[:, :, t + 1 :], b[:, :, t + 1 :])
+
+
 def test_bad_inputs_name_the_argument():
     q, k, v, ex = inputs("gated-deltanet", N=6)
     var = V.get("gated-deltanet")
