@@ -383,6 +383,18 @@ def test_unit_key_state_bound_is_tight_at_beta_two(gated):
     assert np.all(r <= 1 + 1e-12) and np.min(r) >= 1 - 1e-12
 
 
+def test_gla_state_bound_does_not_hold_for_the_delta_rule():
+    """Why the delta rule does not declare bounded-state: the GLA bound max_s |k_s||v_s|^T / (1 - a)
+    (proofs/gated-state-bound.md) is exceeded entrywise by a factor approaching 2 at beta = 2."""
+    a, N = 0.5, 40
+    q, k, v, ex = _reflection_input(N=N, d=4)
+    ex = {"beta": ex["beta"], "g": np.full((1, 1, N), math.log(a))}
+    S = states("gated-deltanet", q, k, v, ex, [N], l2norm=False)[0, 0, 0]
+    gla = np.max(np.abs(k[0, 0])[:, :, None] * np.abs(v[0, 0])[:, None, :], axis=0) / (1 - a)
+    assert np.max(np.abs(S) / gla) > 1.99
+    assert np.linalg.norm(S) <= bd.unit_key_state_bound(v, ex["beta"], ex["g"])[0, 0, -1] * (1 + 1e-12)
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_state_bounds_hold_on_random_contractive_inputs(name):
     for seed, regime in [(0, "uniform"), (1, "edge"), (2, "sigmoid")]:
