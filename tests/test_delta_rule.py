@@ -17,7 +17,7 @@ import torch
 from gramcheck import bounds_delta as bd
 from gramcheck import variants as V
 from gramcheck.agreement import check_agreement, rounding_bound
-from gramcheck.arith import BALL_F64, F64, MP, BallMP
+from gramcheck.arith import BALL_F64, F64, MP, BallMP, RoundedArith
 from gramcheck.precision import round_to
 from gramcheck.variants.deltanet import draw_beta, draw_scalar_gates, expansive_inputs
 from gramcheck.variants.spec import _evaluate
@@ -89,6 +89,20 @@ def test_ball_reference_encloses_mpmath_truth(name, ball):
     rad = ball.radius(b)
     assert np.all(np.abs(mid - mp) <= rad)
     assert np.max(rad) < 1e-6 * np.max(np.abs(mp))  # an enclosure that says something
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_reference_runs_in_rounded_arithmetic(name):
+    """The definition evaluated with every operation rounded to float32 (RoundedArith): within float32
+    accuracy of the float64 reference, and visibly rounded."""
+    q, k, v, ex = inputs(name, dtype="float32", N=12)
+    ar = RoundedArith("float32")
+    var = V.get(name)
+    r32 = ar.to_float64(var.reference(q, k, v, causal=True, arith=ar, **ex))
+    f64 = var.reference(q, k, v, causal=True, **ex)
+    err = np.max(np.abs(r32 - f64)) / np.max(np.abs(f64))
+    assert 0 < err < 1e-5
+    np.testing.assert_array_equal(r32, r32.astype(np.float32).astype(np.float64))
 
 
 def test_reference_is_the_matrix_definition():
