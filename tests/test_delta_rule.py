@@ -162,6 +162,20 @@ def test_forms_agree_for_every_chunk_size(name):
         assert np.max(np.abs(c32 - base64)) <= 1e-5 * np.max(np.abs(base64)), cs
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_batches_and_value_width_differ_from_key_width(name):
+    rng = np.random.default_rng(12)
+    q, k, v = rng.standard_normal((2, 3, 13, 5)), rng.standard_normal((2, 3, 13, 5)), rng.standard_normal((2, 3, 13, 7))
+    ex = {"beta": draw_beta(rng, (2, 3, 13))}
+    if "g" in V.get(name).inputs:
+        ex["g"] = draw_scalar_gates(rng, (2, 3, 13), "mixed")
+    ref = V.get(name).reference(q, k, v, causal=True, **ex)
+    assert ref.shape == (2, 3, 13, 7)
+    for form, cs in [("chunked", 4), ("recurrent", 1)]:
+        out = run_torch(name, q, k, v, ex, form=form, chunk_size=cs).numpy()
+        assert np.max(np.abs(out - ref)) <= 1e-13 * np.max(np.abs(ref))
+
+
 def test_long_gated_chunked_with_strong_decays_is_finite_and_accurate():
     """N = 8192, g down to -100 per token: every exponent in the chunked form is <= 0 (nothing overflows;
     exp(-b) for this input would), float32 within 1e-5 (relative, max-norm) of the float64 recurrence."""

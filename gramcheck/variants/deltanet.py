@@ -5,7 +5,8 @@ with the Delta Rule over Sequence Length") and Gated DeltaNet (Yang, Kautz, Hata
     S_t in R^{d_k x d_v},  S_0 = initial_state (zero by default),
 
 with write strengths beta (B, H, N) in [0, 2] and, for ``gated-deltanet``, scalar log-decays
-g = log alpha (B, H, N) <= 0 (one per head and token); ``deltanet`` is alpha = 1. Parameters:
+g = log alpha (B, H, N) <= 0 (one per head and token); ``deltanet`` is alpha = 1. beta outside [0, 2]
+is accepted (the definition holds, the contractive bounds do not); g > 0 is rejected. Parameters:
 s = ``scale`` (None: d_k^-1/2); ``l2norm`` (True): q and k are replaced by
 x / sqrt(sum x^2 + l2norm_eps) inside the variant, as fla's ``use_qk_l2norm_in_kernel``.
 
