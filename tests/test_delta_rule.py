@@ -515,6 +515,8 @@ def test_chunked_form_stays_accurate_at_the_reflection_edge():
 # ------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", NAMES)
 def test_builtin_passes_its_catalogue(name):
+    """Every applicable property on the builtin target (needs strategies that draw the variant's beta and
+    scalar g from its input specs)."""
     from gramcheck.api import check
 
     rep = check(f"builtin:{name}", causal=True, dtype="float32", domain={"max_n": 16, "max_d": 8})
