@@ -85,7 +85,12 @@ def npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
 # --------------------------------------------------------------------------------------------------
 # building
 # --------------------------------------------------------------------------------------------------
-def environment(device: str, dtype: str) -> dict[str, Any]:
+FLA_KERNEL_SPECS = ("fla:", "gramcheck.adapters.fla_kernels:")
+
+
+def environment(device: str, dtype: str, *, target_spec: str = "") -> dict[str, Any]:
+    """python, numpy, mpmath, torch, device, dtype; for a target that runs fla's Triton kernels
+    (``target_spec`` starting with one of FLA_KERNEL_SPECS) also fla, triton and triton_interpreter."""
     import mpmath
 
     env = {
@@ -101,6 +106,10 @@ def environment(device: str, dtype: str) -> dict[str, Any]:
         env["torch"] = torch.__version__
     except ImportError:  # pragma: no cover
         env["torch"] = None
+    if target_spec.startswith(FLA_KERNEL_SPECS):
+        from .adapters import fla_kernels
+
+        env.update(fla_kernels.environment())
     return env
 
 
@@ -173,7 +182,7 @@ def from_report(report: Report, *, target_spec: str, source: str | None, stem: s
         "variant": report.variant,
         "params": report.params,
         "causal": report.causal,
-        "environment": environment(report.device, report.dtype),
+        "environment": environment(report.device, report.dtype, target_spec=target_spec),
         "domain": report.domain,
         "profile": report.profile,
         "seed": report.seed,
