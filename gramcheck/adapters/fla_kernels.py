@@ -8,16 +8,16 @@ S_t in R^{d_k x d_v}). Hyperparameters are the variant's own names and are mappe
 those fla cannot express raise ValueError. On a machine without a GPU the kernels run in Triton's
 interpreter (``gramcheck.adapters.triton_interpreter``; bfloat16 is refused there).
 
-| adapter | fla op | variant(s) | mapping |
-| --- | --- | --- | --- |
-| chunk_gla, fused_recurrent_gla | gla | gla | g -> gk (B,T,H,K); scale; g / gate_tau |
-| chunk_simple_gla, fused_recurrent_simple_gla | simple_gla | gla (g (B,H,N,1)), mamba2 | g -> (B,T,H); mamba2 D must be 0 |
-| chunk_linear_attn, fused_chunk_linear_attn, fused_recurrent_linear_attn | linear_attn | linear-unnormalised | feature identity, scale = 1/divisor, normalize=False |
-| chunk_retention, fused_recurrent_retention | retention | retnet | gamma_h = 1 - 2^(-5-h) fixed; no GroupNorm |
-| chunk_delta_rule, fused_recurrent_delta_rule | delta_rule | deltanet | beta (B,T,H); l2norm -> use_qk_l2norm_in_kernel |
-| chunk_gated_delta_rule, fused_recurrent_gated_delta_rule | gated_delta_rule | gated-deltanet | g, beta (B,T,H) |
-| chunk_rwkv6, fused_recurrent_rwkv6 | rwkv6 | rwkv6 | g -> w (B,T,H,K), u (H,K) |
-| chunk_lightning_attn, fused_recurrent_lightning_attn | lightning_attn | lightning | layer_idx, num_layers |
+| adapters (chunk_X, fused_recurrent_X) | variant(s) | mapping |
+| --- | --- | --- |
+| gla | gla | g -> gk (B,T,H,K); scale; gk = g / gate_tau |
+| simple_gla | gla (g (B,H,N,1)), mamba2 | g -> (B,T,H); mamba2's D must be 0 |
+| linear_attn (also fused_chunk_) | linear-unnormalised | feature identity, scale 1/divisor, normalize=False |
+| retention | retnet | gamma_h = 1 - 2^(-5-h) fixed; no GroupNorm |
+| delta_rule | deltanet | beta (B,T,H); l2norm -> use_qk_l2norm_in_kernel |
+| gated_delta_rule | gated-deltanet | g, beta (B,T,H) |
+| rwkv6 | rwkv6 | g -> w (B,T,H,K), u (H,K) |
+| lightning_attn | lightning | layer_idx, num_layers |
 
 Where fla differs from what it documents: the public ``chunk_delta_rule`` asserts its inputs are not
 float32 although its autograd Function (``ChunkDeltaRuleFunction``) computes float32 correctly; the
@@ -271,7 +271,8 @@ def chunk_linear_attn(
     output_final_state: bool = False,
     cu_seqlens: Any = None,
 ) -> Any:
-    """fla.ops.linear_attn.chunk_linear_attn(normalize=False, scale=1/divisor): o_t = sum_{s<=t} (q_t.k_s) v_s / divisor."""
+    """fla.ops.linear_attn.chunk_linear_attn(normalize=False, scale=1/divisor):
+    o_t = sum_{s<=t} (q_t . k_s) v_s / divisor."""
     return _linear("chunk_linear_attn", q, k, v, causal, feature, divisor, initial_state, output_final_state,
                    cu_seqlens)  # fmt: skip
 
@@ -609,7 +610,9 @@ def names() -> list[str]:
     return sorted(OPS)
 
 
-def bind(name: str, variant: str | None, params: dict[str, Any] | None) -> tuple[Callable[..., Any], str, dict[str, Any]]:
+def bind(
+    name: str, variant: str | None, params: dict[str, Any] | None
+) -> tuple[Callable[..., Any], str, dict[str, Any]]:
     """(callable, variant, hyperparameters) for the target ``fla:name`` checked as ``variant`` (default: the
     op's first variant) with ``params`` over the op's defaults. The callable passes every hyperparameter
     the variant resolves to (its defaults included) to the adapter, so fla computes what the reference does;
