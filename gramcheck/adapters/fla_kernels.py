@@ -52,6 +52,7 @@ class Op:
     module: str
     pair: str | None = None
     defaults: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()
+    fixed: tuple[tuple[str, Any, str], ...] = ()  # (hyperparameter, the only value fla supports, why)
 
     def default_params(self, variant: str) -> dict[str, Any]:
         return dict(dict(self.defaults).get(variant, ()))
@@ -559,6 +560,12 @@ def fused_recurrent_lightning_attn(
 # registry: ``fla:NAME`` targets
 # --------------------------------------------------------------------------------------------------
 _LINEAR_DEFAULTS = (("linear-unnormalised", (("feature", "identity"),)),)
+_LINEAR_FIXED = (("feature", "identity", "fla's linear_attn kernels apply no feature map"),)
+_SIMPLE_GLA_FIXED = (("D", 0.0, "simple_gla has no skip connection D v_t"),)
+_RETENTION_FIXED = (
+    ("gamma", None, "fla fixes gamma_h = 1 - 2^(-5-h)"),
+    ("group_norm", False, "the kernel returns the retention before GroupNorm"),
+)
 
 
 def _ops() -> dict[str, Op]:
@@ -566,18 +573,19 @@ def _ops() -> dict[str, Op]:
         Op("chunk_gla", chunk_gla, ("gla",), "fla.ops.gla", "fused_recurrent_gla"),
         Op("fused_recurrent_gla", fused_recurrent_gla, ("gla",), "fla.ops.gla", "chunk_gla"),
         Op("chunk_simple_gla", chunk_simple_gla, ("gla", "mamba2"), "fla.ops.simple_gla",
-           "fused_recurrent_simple_gla"),  # fmt: skip
+           "fused_recurrent_simple_gla", (), _SIMPLE_GLA_FIXED),  # fmt: skip
         Op("fused_recurrent_simple_gla", fused_recurrent_simple_gla, ("gla", "mamba2"), "fla.ops.simple_gla",
-           "chunk_simple_gla"),  # fmt: skip
+           "chunk_simple_gla", (), _SIMPLE_GLA_FIXED),  # fmt: skip
         Op("chunk_linear_attn", chunk_linear_attn, ("linear-unnormalised",), "fla.ops.linear_attn",
-           "fused_recurrent_linear_attn", _LINEAR_DEFAULTS),  # fmt: skip
+           "fused_recurrent_linear_attn", _LINEAR_DEFAULTS, _LINEAR_FIXED),  # fmt: skip
         Op("fused_chunk_linear_attn", fused_chunk_linear_attn, ("linear-unnormalised",), "fla.ops.linear_attn",
-           "chunk_linear_attn", _LINEAR_DEFAULTS),  # fmt: skip
+           "chunk_linear_attn", _LINEAR_DEFAULTS, _LINEAR_FIXED),  # fmt: skip
         Op("fused_recurrent_linear_attn", fused_recurrent_linear_attn, ("linear-unnormalised",),
-           "fla.ops.linear_attn", "chunk_linear_attn", _LINEAR_DEFAULTS),  # fmt: skip
-        Op("chunk_retention", chunk_retention, ("retnet",), "fla.ops.retention", "fused_recurrent_retention"),
+           "fla.ops.linear_attn", "chunk_linear_attn", _LINEAR_DEFAULTS, _LINEAR_FIXED),  # fmt: skip
+        Op("chunk_retention", chunk_retention, ("retnet",), "fla.ops.retention", "fused_recurrent_retention", (),
+           _RETENTION_FIXED),  # fmt: skip
         Op("fused_recurrent_retention", fused_recurrent_retention, ("retnet",), "fla.ops.retention",
-           "chunk_retention"),  # fmt: skip
+           "chunk_retention", (), _RETENTION_FIXED),  # fmt: skip
         Op("chunk_delta_rule", chunk_delta_rule, ("deltanet",), "fla.ops.delta_rule", "fused_recurrent_delta_rule"),
         Op("fused_recurrent_delta_rule", fused_recurrent_delta_rule, ("deltanet",), "fla.ops.delta_rule",
            "chunk_delta_rule"),  # fmt: skip
@@ -632,6 +640,10 @@ def bind(
             f"{unknown[0]}: hyperparameter of variant {var!r} that the adapter fla:{name} cannot pass to fla; "
             f"expected only {', '.join(sorted(accepted - {'q', 'k', 'v'}))}"
         )
+
+    for key, allowed, why in op.fixed:
+        if key in resolved:
+            _only(key, resolved[key], allowed, why)
 
     @functools.wraps(op.fn)
     def fn(q: Any, k: Any, v: Any, *, causal: bool = True, **extras: Any) -> Any:
