@@ -297,7 +297,7 @@ def test_packed_sequences_match_separate_runs(op):
     ts = t.tensors({"q": q, "k": k, "v": v, **extras})
     packed, ht = t.fn(ts["q"], ts["k"], ts["v"], causal=True, **{n: ts[n] for n in extras},
                       cu_seqlens=torch.tensor(cuts, dtype=torch.int64), output_final_state=True)  # fmt: skip
-    for j, (a, b) in enumerate(zip(cuts[:-1], cuts[1:])):
+    for j, (a, b) in enumerate(zip(cuts[:-1], cuts[1:], strict=True)):
         sl = {n: x[:, :, a:b] for n, x in ts.items()}
         o, h = t.fn(sl["q"], sl["k"], sl["v"], causal=True, **{n: sl[n] for n in extras}, output_final_state=True)
         assert torch.allclose(packed[:, :, a:b], o, rtol=0, atol=0), (op, j)
@@ -316,10 +316,14 @@ needs_interpreter = pytest.mark.skipif(
 def test_shim_is_idempotent():
     from triton.runtime import autotuner, interpreter
 
+    def patched():
+        tuner = autotuner.Autotuner
+        return tuner.prune_configs, tuner._bench, interpreter.FunctionRewriter.ast_transformer
+
     assert triton_interpreter.install()
-    before = (autotuner.Autotuner.prune_configs, autotuner.Autotuner._bench, interpreter.FunctionRewriter.ast_transformer)
+    before = patched()
     assert triton_interpreter.install() and triton_interpreter.install()
-    after = (autotuner.Autotuner.prune_configs, autotuner.Autotuner._bench, interpreter.FunctionRewriter.ast_transformer)
+    after = patched()
     assert before == after and all(getattr(f, "gramcheck_shim", False) for f in before[:2])
 
 
