@@ -191,6 +191,22 @@ def test_chunk_and_fused_recurrent_forms_agree(op):
     assert ratio <= 1.0, (op, pair, ratio)
 
 
+@pytest.mark.parametrize("op", ["chunk_gla", "fused_recurrent_gla", "chunk_simple_gla"])
+def test_chunked_gla_loses_accuracy_after_a_strong_decay(op):
+    """A finding (examples/fla_discrepancies/strong_then_weak_decay.py): g = [-4000, -0.01, ...] inside one
+    chunk. fla's chunked kernels take cumulative log-decays in float32 within a chunk, which keep only
+    4000 * 2^-24 of b_t - b_s: agreement fails by > 100x the float32 bound. The token-by-token kernel
+    passes. When fla fixes it, this test fails and the README's table must change."""
+    q, k, v, _ = _inputs(op, (1, 1, 12, 2), 0)
+    g = np.full((1, 1, 12, 1 if "simple" in op else 2), -0.01)
+    g[:, :, 0] = -4000.0
+    _, f = _agreement(op, q, k, v, {"g": _r(g)})
+    if op.startswith("chunk"):
+        assert not f.passed and f.measured > 100, f.measured
+    else:
+        assert f.passed, f.measured
+
+
 @pytest.mark.parametrize("op", FLOAT16_OPS)
 def test_agrees_with_the_oracle_in_float16(op):
     _needs_variant(op)
