@@ -191,7 +191,7 @@ def test_chunk_and_fused_recurrent_forms_agree(op):
     assert ratio <= 1.0, (op, pair, ratio)
 
 
-@pytest.mark.parametrize("op", ["chunk_gla", "fused_recurrent_gla", "chunk_simple_gla"])
+@pytest.mark.parametrize("op", ["chunk_gla", "fused_recurrent_gla", "chunk_simple_gla", "fused_recurrent_simple_gla"])
 def test_chunked_gla_loses_accuracy_after_a_strong_decay(op):
     """A finding (examples/fla_discrepancies/strong_then_weak_decay.py): g = [-4000, -0.01, ...] inside one
     chunk. fla's chunked kernels take cumulative log-decays in float32 within a chunk, which keep only
