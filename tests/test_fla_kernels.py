@@ -393,6 +393,31 @@ def test_loop_variables_are_tensors_under_the_interpreter():
 
 
 @needs_interpreter
+def test_fla_gather_alias_runs_under_the_interpreter():
+    """fla.ops.utils.op binds ``gather = tl.gather`` at import; the shim rebinds it to a call-time lookup."""
+    torch = pytest.importorskip("torch")
+    import triton
+    import triton.language as tl
+
+    triton_interpreter.install()
+    import fla.ops.utils.op as fla_op
+
+    triton_interpreter.install()
+    assert getattr(fla_op.gather, "gramcheck_shim", False)
+    globals()["_fla_op"] = fla_op  # the interpreter re-executes a kernel's source with its module globals
+
+    @triton.jit
+    def kernel(x, idx, out):
+        offs = tl.arange(0, 4)
+        tl.store(out + offs, _fla_op.gather(tl.load(x + offs), tl.load(idx + offs), 0))  # noqa: F821
+
+    x = torch.tensor([10.0, 11.0, 12.0, 13.0])
+    out = torch.zeros(4)
+    kernel[(1,)](x, torch.tensor([3, 0, 2, 1], dtype=torch.int32), out)
+    assert out.tolist() == [13.0, 10.0, 12.0, 11.0]
+
+
+@needs_interpreter
 @pytest.mark.parametrize("index", [1, 2, 3] if THOROUGH else [1])
 def test_autotuner_keeps_the_chosen_config(index):
     """Another kept config (a sweep over the index covers every config) gives the same verdict."""
