@@ -343,6 +343,33 @@ def test_shim_is_idempotent():
     assert before == after and all(getattr(f, "gramcheck_shim", False) for f in before[:2])
 
 
+def test_shim_stays_off_on_a_gpu(monkeypatch):
+    """With a GPU visible nothing is patched, TRITON_INTERPRET is left alone and bfloat16 is not refused."""
+    torch = pytest.importorskip("torch")
+    from triton.runtime import autotuner
+
+    monkeypatch.setattr(triton_interpreter, "gpu_available", lambda: True)
+    monkeypatch.setitem(triton_interpreter._STATE, "installed", False)
+    monkeypatch.setattr(autotuner.Autotuner, "prune_configs", autotuner.Autotuner.prune_configs)
+    before = autotuner.Autotuner.prune_configs
+    assert triton_interpreter.install() is False and autotuner.Autotuner.prune_configs is before
+    triton_interpreter.check_dtype(torch.bfloat16)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    triton_interpreter.prepare_environment()
+    assert "TRITON_INTERPRET" not in os.environ
+
+
+def test_kernels_defined_without_the_interpreter_are_a_clear_error(monkeypatch):
+    import sys
+    import types
+
+    monkeypatch.setattr(triton_interpreter, "gpu_available", lambda: False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setitem(sys.modules, "fla.ops", types.ModuleType("fla.ops"))
+    with pytest.raises(triton_interpreter.InterpreterShimError, match="TRITON_INTERPRET=1"):
+        triton_interpreter.prepare_environment()
+
+
 @needs_interpreter
 def test_shim_refuses_another_triton_version(monkeypatch):
     import triton
