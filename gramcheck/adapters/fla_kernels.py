@@ -372,6 +372,7 @@ def chunk_delta_rule(
     beta: Any,
     scale: float | None = None,
     l2norm: bool = True,
+    l2norm_eps: float = 1e-6,
     initial_state: Any = None,
     output_final_state: bool = False,
     cu_seqlens: Any = None,
@@ -380,6 +381,7 @@ def chunk_delta_rule(
     (q, k l2-normalised in the kernel when ``l2norm``). Calls ``ChunkDeltaRuleFunction`` as the public
     ``chunk_delta_rule`` does, without its float32 refusal (the Function computes float32 correctly)."""
     _check(q, k, v, causal, initial_state, cu_seqlens)
+    _only("l2norm_eps", l2norm_eps, 1e-6, "fla's in-kernel l2norm adds 1e-6")
     fn = _fla("fla.ops.delta_rule.chunk", "ChunkDeltaRuleFunction")
     s = q.shape[-1] ** -0.5 if scale is None else scale
     cpu = None if cu_seqlens is None else cu_seqlens.cpu()
@@ -397,12 +399,14 @@ def fused_recurrent_delta_rule(
     beta: Any,
     scale: float | None = None,
     l2norm: bool = True,
+    l2norm_eps: float = 1e-6,
     initial_state: Any = None,
     output_final_state: bool = False,
     cu_seqlens: Any = None,
 ) -> Any:
     """fla.ops.delta_rule.fused_recurrent_delta_rule: the token-by-token form of chunk_delta_rule."""
     _check(q, k, v, causal, initial_state, cu_seqlens)
+    _only("l2norm_eps", l2norm_eps, 1e-6, "fla's in-kernel l2norm adds 1e-6")
     o, ht = _fla("fla.ops.delta_rule", "fused_recurrent_delta_rule")(
         _to_fla(q), _to_fla(k), _to_fla(v), beta=_per_token("beta", beta, q), scale=scale,
         initial_state=initial_state, output_final_state=output_final_state, use_qk_l2norm_in_kernel=l2norm,
@@ -412,8 +416,9 @@ def fused_recurrent_delta_rule(
 
 
 def _gated_delta(attr: str, q: Any, k: Any, v: Any, causal: bool, g: Any, beta: Any, scale: Any, l2norm: bool,
-                 initial_state: Any, output_final_state: bool, cu_seqlens: Any) -> Any:  # fmt: skip
+                 l2norm_eps: float, initial_state: Any, output_final_state: bool, cu_seqlens: Any) -> Any:  # fmt: skip
     _check(q, k, v, causal, initial_state, cu_seqlens)
+    _only("l2norm_eps", l2norm_eps, 1e-6, "fla's in-kernel l2norm adds 1e-6")
     o, ht = _fla("fla.ops.gated_delta_rule", attr)(
         _to_fla(q), _to_fla(k), _to_fla(v), g=_scalar_gate(attr, g, q), beta=_per_token("beta", beta, q),
         scale=scale, initial_state=initial_state, output_final_state=output_final_state,
@@ -432,14 +437,15 @@ def chunk_gated_delta_rule(
     beta: Any,
     scale: float | None = None,
     l2norm: bool = True,
+    l2norm_eps: float = 1e-6,
     initial_state: Any = None,
     output_final_state: bool = False,
     cu_seqlens: Any = None,
 ) -> Any:
     """fla.ops.gated_delta_rule.chunk_gated_delta_rule: S_t = exp(g_t)(I - beta_t k_t k_t^T) S_{t-1} +
     beta_t k_t v_t^T, o_t = S_t^T (s q_t); g and beta (B, H, N)."""
-    return _gated_delta("chunk_gated_delta_rule", q, k, v, causal, g, beta, scale, l2norm, initial_state,
-                        output_final_state, cu_seqlens)  # fmt: skip
+    return _gated_delta("chunk_gated_delta_rule", q, k, v, causal, g, beta, scale, l2norm, l2norm_eps,
+                        initial_state, output_final_state, cu_seqlens)  # fmt: skip
 
 
 def fused_recurrent_gated_delta_rule(
@@ -452,13 +458,14 @@ def fused_recurrent_gated_delta_rule(
     beta: Any,
     scale: float | None = None,
     l2norm: bool = True,
+    l2norm_eps: float = 1e-6,
     initial_state: Any = None,
     output_final_state: bool = False,
     cu_seqlens: Any = None,
 ) -> Any:
     """fla.ops.gated_delta_rule.fused_recurrent_gated_delta_rule: the token-by-token form."""
     return _gated_delta("fused_recurrent_gated_delta_rule", q, k, v, causal, g, beta, scale, l2norm,
-                        initial_state, output_final_state, cu_seqlens)  # fmt: skip
+                        l2norm_eps, initial_state, output_final_state, cu_seqlens)  # fmt: skip
 
 
 def _rwkv6(attr: str, q: Any, k: Any, v: Any, causal: bool, g: Any, u: Any, scale: Any, initial_state: Any,
@@ -562,6 +569,7 @@ def fused_recurrent_lightning_attn(
 _LINEAR_DEFAULTS = (("linear-unnormalised", (("feature", "identity"),)),)
 _LINEAR_FIXED = (("feature", "identity", "fla's linear_attn kernels apply no feature map"),)
 _SIMPLE_GLA_FIXED = (("D", 0.0, "simple_gla has no skip connection D v_t"),)
+_DELTA_FIXED = (("l2norm_eps", 1e-6, "fla's in-kernel l2norm adds 1e-6"),)
 _RETENTION_FIXED = (
     ("gamma", None, "fla fixes gamma_h = 1 - 2^(-5-h)"),
     ("group_norm", False, "the kernel returns the retention before GroupNorm"),
@@ -586,13 +594,14 @@ def _ops() -> dict[str, Op]:
            _RETENTION_FIXED),  # fmt: skip
         Op("fused_recurrent_retention", fused_recurrent_retention, ("retnet",), "fla.ops.retention",
            "chunk_retention", (), _RETENTION_FIXED),  # fmt: skip
-        Op("chunk_delta_rule", chunk_delta_rule, ("deltanet",), "fla.ops.delta_rule", "fused_recurrent_delta_rule"),
+        Op("chunk_delta_rule", chunk_delta_rule, ("deltanet",), "fla.ops.delta_rule", "fused_recurrent_delta_rule", (),
+           _DELTA_FIXED),  # fmt: skip
         Op("fused_recurrent_delta_rule", fused_recurrent_delta_rule, ("deltanet",), "fla.ops.delta_rule",
-           "chunk_delta_rule"),  # fmt: skip
+           "chunk_delta_rule", (), _DELTA_FIXED),  # fmt: skip
         Op("chunk_gated_delta_rule", chunk_gated_delta_rule, ("gated-deltanet",), "fla.ops.gated_delta_rule",
-           "fused_recurrent_gated_delta_rule"),  # fmt: skip
+           "fused_recurrent_gated_delta_rule", (), _DELTA_FIXED),  # fmt: skip
         Op("fused_recurrent_gated_delta_rule", fused_recurrent_gated_delta_rule, ("gated-deltanet",),
-           "fla.ops.gated_delta_rule", "chunk_gated_delta_rule"),  # fmt: skip
+           "fla.ops.gated_delta_rule", "chunk_gated_delta_rule", (), _DELTA_FIXED),  # fmt: skip
         Op("chunk_rwkv6", chunk_rwkv6, ("rwkv6",), "fla.ops.rwkv6", "fused_recurrent_rwkv6"),
         Op("fused_recurrent_rwkv6", fused_recurrent_rwkv6, ("rwkv6",), "fla.ops.rwkv6", "chunk_rwkv6"),
         Op("chunk_lightning_attn", chunk_lightning_attn, ("lightning",), "fla.ops.lightning_attn",
@@ -647,7 +656,9 @@ def bind(
 
     @functools.wraps(op.fn)
     def fn(q: Any, k: Any, v: Any, *, causal: bool = True, **extras: Any) -> Any:
-        return op.fn(q, k, v, causal=causal, **resolved, **extras)
+        # per-call keywords (inputs, initial_state, ...) win over bound ones of the same name (variants
+        # that list initial_state among their hyperparameters)
+        return op.fn(q, k, v, causal=causal, **{**resolved, **extras})
 
     fn.__qualname__ = f"fla:{name}"
     return fn, var, merged
