@@ -88,6 +88,19 @@ CASES = {
     "fused_recurrent_lightning_attn": ("lightning", _none, {}),
 }
 CHUNK_OPS = [n for n in CASES if not n.startswith("fused_recurrent")]
+# findings in fla (each recorded by its own test below, with a reproduction in examples/fla_discrepancies/):
+# where a generic check on these ops fails, it is reported as an expected failure with the reason
+_HEAD_DECAY = (
+    "fla's chunked simple_gla kernel misses the float32 bound on a strongly decaying head "
+    "(examples/fla_discrepancies/strong_head_decay.py)"
+)
+KNOWN = {"chunk_simple_gla": _HEAD_DECAY, "chunk_lightning_attn": _HEAD_DECAY}
+
+
+def _verdict(op, ok, detail):
+    if not ok and op in KNOWN:
+        pytest.xfail(f"{op}: {KNOWN[op]}; {detail}")
+    assert ok, (op, detail)
 FLOAT16_OPS = ["chunk_gla", "chunk_retention", "chunk_linear_attn"]
 
 
@@ -188,7 +201,7 @@ def test_chunk_and_fused_recurrent_forms_agree(op):
     b = _target(pair)(q, k, v, causal=True, **extras)
     bound = rounding_bound(variant, q, k, v, causal=True, dtype="float32", **_target(op).params, **extras)
     ratio = np.max(np.abs(a - b) / (2 * bound))
-    assert ratio <= 1.0, (op, pair, ratio)
+    _verdict(op, ratio <= 1.0, (pair, ratio))
 
 
 @pytest.mark.parametrize("op", ["chunk_gla", "fused_recurrent_gla", "chunk_simple_gla", "fused_recurrent_simple_gla"])
@@ -205,6 +218,28 @@ def test_chunked_gla_loses_accuracy_after_a_strong_decay(op):
         assert not f.passed and f.measured > 100, f.measured
     else:
         assert f.passed, f.measured
+
+
+def test_chunked_simple_gla_misses_the_bound_on_a_strongly_decaying_head():
+    """A finding (examples/fla_discrepancies/strong_head_decay.py): g = -4 per token on one head (the decay
+    fla's lightning schedule gives head 1 of 2): chunk_simple_gla is 4x over the float32 bound, while
+    fused_recurrent_simple_gla and gramcheck's own chunked form (chunk 64) stay far below it. When fla fixes
+    it, this test fails: drop the KNOWN entries and the README row."""
+    torch = pytest.importorskip("torch")
+    from gramcheck.agreement import check_agreement
+
+    q, k, v, _ = _inputs("chunk_gla", (1, 2, 70, 16), 2)
+    g = np.zeros((1, 2, 70, 1))
+    g[:, 1] = -4.0
+    measured = {}
+    for op in ("chunk_simple_gla", "fused_recurrent_simple_gla"):
+        _, f = _agreement(op, q, k, v, {"g": g})
+        measured[op] = f.measured
+    own = variants.get("gla").torch(*(torch.tensor(x).float() for x in (q, k, v)), causal=True, form="chunked",
+                                    chunk_size=64, g=torch.tensor(g).float(), scale=0.25)  # fmt: skip
+    f = check_agreement("own", own.double().numpy(), "gla", q, k, v, causal=True, dtype="float32", g=g, scale=0.25)
+    assert measured["chunk_simple_gla"] > 2, measured
+    assert measured["fused_recurrent_simple_gla"] < 1 and f.measured < 1, (measured, f.measured)
 
 
 @pytest.mark.parametrize("op", FLOAT16_OPS)
@@ -275,6 +310,22 @@ def test_state_passing_matches_the_definition(op):
         assert np.max(err / bound) <= 1.0, (op, ["output", "final_state"][i], np.max(err / bound))
 
 
+def _reference_with_state(variant, arith, q, k, v, s0, params, extras):
+    """(o, S_N) of the variant's reference from S_0 = s0. Two conventions exist: ``initial_state`` among
+    the variant's hyperparameters (given as float64 NumPy, lifted by the reference), or a keyword of its
+    reference_fn only (given lifted into ``arith``)."""
+    from gramcheck.variants.spec import _evaluate
+
+    rest = {n: x for n, x in params.items() if n not in ("initial_state", "output_final_state")}
+    if "initial_state" in variant.params:
+        return variant.reference(q, k, v, causal=True, arith=arith, initial_state=s0, output_final_state=True,
+                                 **rest, **extras)  # fmt: skip
+    with arith.context():
+        lifted = arith.asarray(np.asarray(s0, dtype=np.float64))
+    return _evaluate(variant.reference_fn, arith, (q, k, v), {**rest, "initial_state": lifted,
+                     "output_final_state": True}, extras, causal=True)  # fmt: skip
+
+
 @pytest.mark.parametrize("op", list(CASES))
 def test_state_passing_matches_the_variants_own_reference(op):
     """Where the variant's reference takes ``initial_state`` / ``output_final_state`` (the state-passing
@@ -293,13 +344,12 @@ def test_state_passing_matches_the_variants_own_reference(op):
     got = t.fn(ts.pop("q"), ts.pop("k"), ts.pop("v"), causal=True, **ts,
                initial_state=torch.as_tensor(s0, dtype=torch.float32), output_final_state=True)  # fmt: skip
     model = rounding_model("float32")
-    ref = variant.reference(q, k, v, causal=True, arith=BALL_F64, initial_state=s0, output_final_state=True,
-                            **t.params, **extras)  # fmt: skip
-    rnd = variant.reference(q, k, v, causal=True, arith=model, initial_state=s0, output_final_state=True,
-                            **t.params, **extras)  # fmt: skip
+    ref = _reference_with_state(variant, BALL_F64, q, k, v, s0, t.params, extras)
+    rnd = _reference_with_state(variant, model, q, k, v, s0, t.params, extras)
     for i in range(2):
         err = np.abs(got[i].detach().double().numpy() - BALL_F64.mid(ref[i])) + BALL_F64.radius(ref[i])
-        assert np.max(err / (2.0 * model.radius(rnd[i]))) <= 1.0, (op, ["output", "final_state"][i])
+        ratio = np.max(err / (2.0 * model.radius(rnd[i])))
+        _verdict(op, ratio <= 1.0, (["output", "final_state"][i], ratio))
 
 
 @pytest.mark.parametrize("op", ["chunk_gla", "chunk_retention"])
