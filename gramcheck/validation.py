@@ -54,7 +54,7 @@ def check_array(
 
 def check_qkv(q: Any, k: Any, v: Any, **extras: Any) -> tuple[int, int, int, int, int]:
     """Check q (B, H, N, d_k), k (B, H, N, d_k), v (B, H, N, d_v) and optional per-token extras
-    (``g`` of shape (B, H, N, d_k) or (B, H, N, 1); ``projection`` of shape (m, d_k)).
+    (``g`` of shape (B, H, N, d_k), (B, H, N, 1) or (B, H, N); ``projection`` of shape (m, d_k)).
     Returns (B, H, N, d_k, d_v)."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         check_array(name, x)
@@ -66,11 +66,12 @@ def check_qkv(q: Any, k: Any, v: Any, **extras: Any) -> tuple[int, int, int, int
     tensors = [("q", q), ("k", k), ("v", v)]
     g = extras.get("g")
     if g is not None:
-        check_array("g", g)
-        if tuple(g.shape[:3]) != (B, H, N) or g.shape[3] not in (1, dk):
+        check_array("g", g, ndim=None)
+        per_channel = len(g.shape) == 4 and tuple(g.shape[:3]) == (B, H, N) and g.shape[3] in (1, dk)
+        if tuple(g.shape) != (B, H, N) and not per_channel:
             raise ValueError(
                 f"g: got shape {tuple(g.shape)}; expected log-decays of shape "
-                f"({B}, {H}, {N}, {dk}) or ({B}, {H}, {N}, 1)"
+                f"({B}, {H}, {N}, {dk}), ({B}, {H}, {N}, 1) or ({B}, {H}, {N}) (one per head and token)"
             )
         if bool((g > 0).any()):
             raise ValueError("g: has positive entries; expected log-decays g <= 0 (decay alpha = exp(g) in (0, 1])")
