@@ -501,4 +501,4 @@ def test_builtin_passes_its_catalogue(name):
 
     rep = check(f"builtin:{name}", causal=True, dtype="float32", domain={"max_n": 16, "max_d": 8})
     assert len(rep.findings) >= 5
-    assert rep.passed, [(f.name, f.measured, f.details) for f in rep.failures()]
+    assert rep.passed, [(f.name, f.measured, f.details) for f in rep.failures]
