@@ -431,6 +431,29 @@ def test_mamba2_matches_fla_simple_gla_naive():
         np.testing.assert_allclose(s.double().numpy(), s_ref, rtol=1e-5, atol=1e-5 * np.abs(s_ref).max())
 
 
+def test_fla_naive_chunk_simple_gla_loses_strong_then_weak_decays():
+    """Where fla differs: naive_chunk_simple_gla sums the log-decays in float32 (b ~ -4000, b_t - b_s ~ -0.01
+    keep only 4000 * 2^-24 of the difference) and misses the float32 bound; its recurrent naive form and
+    gramcheck's chunked SSD form (float64 cumulative sums) pass on the same input."""
+    fla = _fla_file("simple_gla", "naive.py")
+    N = 64
+    q, k, v, ex = make("mamba2", B=1, H=1, N=N, d=4, dtype="float32", seed=3)
+    g = np.full((1, 1, N), -0.01)
+    g[:, :, 0] = -4000.0
+    ex["g"] = round_to(g, "float32")
+    gt = tt(ex["g"], "float32").transpose(1, 2)
+
+    def agree(o):
+        return check_agreement("a", o.double().numpy(), "mamba2", q, k, v, causal=True, dtype="float32", **ex)
+
+    chunk = fla.naive_chunk_simple_gla(_bthk(q), _bthk(k), _bthk(v), gt, chunk_size=64, scale=1.0)[0]
+    rec = fla.naive_recurrent_simple_gla(_bthk(q), _bthk(k), _bthk(v), gt, scale=1.0)[0]
+    bad = agree(chunk.transpose(1, 2))
+    assert not bad.passed and bad.measured > 10, bad
+    assert agree(rec.transpose(1, 2)).passed
+    assert agree(run("mamba2", "chunked", q, k, v, ex, dtype="float32", chunk_size=64)).passed
+
+
 def test_rwkv6_matches_fla_naive():
     rec = _fla_file("rwkv6", "recurrent_naive.py")
     chk = _fla_file("rwkv6", "chunk_naive.py")
