@@ -469,20 +469,11 @@ class _ModelBackend(_F64Backend):
     over it bounds, to first order, the rounding error of the same formula evaluated in that format."""
 
     def __init__(self, dtype: Any):
-        from .precision import dtype_name, unit_roundoff
+        from .precision import dtype_name, smallest_subnormal, unit_roundoff
 
         self.u = unit_roundoff(dtype) + math.ldexp(1.0, -53)
-        self.eta = _SUBNORMAL_MIN[dtype_name(dtype)]
+        self.eta = smallest_subnormal(dtype)
         self.name = f"model-{dtype_name(dtype)}"
-
-
-_SUBNORMAL_MIN = {
-    "float64": math.ldexp(1.0, -1074),
-    "float32": math.ldexp(1.0, -149),
-    "tf32": math.ldexp(1.0, -149),
-    "bfloat16": math.ldexp(1.0, -133),
-    "float16": math.ldexp(1.0, -24),
-}
 
 
 def rounding_model(dtype: Any) -> BallArith:
@@ -502,10 +493,6 @@ def MP(prec: int) -> Arith:
 def BallMP(prec: int) -> BallArith:
     """Ball arithmetic over mpmath at ``prec`` bits (>= 53)."""
     return BallArith(_MPBackend(prec))
-
-
-def is_arith(x: Any) -> bool:
-    return isinstance(x, Arith)
 
 
 # --------------------------------------------------------------------------------------------------

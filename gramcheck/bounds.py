@@ -11,9 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from .featuremaps import FAVOR_KINDS
 from .validation import check_choice
-
-FAVOR_KINDS = ("positive", "hyperbolic", "trig")
 
 
 def _sq(x: Any) -> np.ndarray:
@@ -58,7 +57,7 @@ def orf_mse_reduction(x: Any, y: Any, m: int, d: int) -> np.ndarray:
 
 def row_normalisation_l1(eps: float | np.ndarray, *, tight: bool = False) -> np.ndarray:
     """If every kernel entry of a row has relative error at most eps < 1, the row's normalised weights
-    move by at most 2 eps / (1 - eps) in L1 (shared/BOUNDS.md), or by the sharp
+    move by at most 2 eps / (1 - eps) in L1, or by the sharp
     2 eps / (1 + sqrt(1 - eps^2)) (attained; proofs/row-normalisation.md)."""
     e = np.asarray(eps, dtype=np.float64)
     if np.any(e < 0) or np.any(e >= 1):
@@ -66,18 +65,23 @@ def row_normalisation_l1(eps: float | np.ndarray, *, tight: bool = False) -> np.
     return 2 * e / (1 + np.sqrt(1 - e * e)) if tight else 2 * e / (1 - e)
 
 
-def row_normalisation_output(l1: Any, v: Any, *, causal: bool = False) -> np.ndarray:
-    """Output error from a row-weight change of L1 size ``l1`` (N,) per row: |o'_ik - o_ik| <=
-    (l1_i / 2) (max_j v_jk - min_j v_jk) (the weight changes sum to zero; proofs/row-normalisation.md).
-    v: (N_keys, d_v); causal ranges run over j <= i (N_keys = N). Returns (len(l1), d_v)."""
+def value_hull(v: Any, *, causal: bool, rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(hi, lo), each (..., rows, d_v): per output row i and channel, the max and min of v_jk over the
+    keys row i sees (all N, or j <= i when causal); v (..., N, d_v), rows = N by default."""
     v = np.asarray(v, dtype=np.float64)
-    l1 = np.asarray(l1, dtype=np.float64)
     if causal:
-        hi, lo = np.maximum.accumulate(v, axis=0), np.minimum.accumulate(v, axis=0)
-    else:
-        rows = (l1.shape[0], v.shape[1])
-        hi, lo = np.broadcast_to(v.max(0), rows), np.broadcast_to(v.min(0), rows)
-    return 0.5 * l1[:, None] * (hi - lo)
+        return np.maximum.accumulate(v, axis=-2), np.minimum.accumulate(v, axis=-2)
+    shape = v.shape[:-2] + (v.shape[-2] if rows is None else rows, v.shape[-1])
+    return np.broadcast_to(v.max(-2, keepdims=True), shape), np.broadcast_to(v.min(-2, keepdims=True), shape)
+
+
+def row_normalisation_output(l1: Any, v: Any, *, causal: bool = False) -> np.ndarray:
+    """Output error from a row-weight change of L1 size ``l1`` (..., N) per row: |o'_ik - o_ik| <=
+    (l1_i / 2) (max_j v_jk - min_j v_jk) (the weight changes sum to zero; proofs/row-normalisation.md).
+    v: (..., N_keys, d_v); causal ranges run over j <= i (N_keys = N). Returns (..., N, d_v)."""
+    l1 = np.asarray(l1, dtype=np.float64)
+    hi, lo = value_hull(v, causal=causal, rows=l1.shape[-1])
+    return 0.5 * l1[..., None] * (hi - lo)
 
 
 def qknorm_weight_range(n: int, tau: float) -> tuple[float, float]:

@@ -118,10 +118,13 @@ def cmd_list(args: argparse.Namespace) -> int:
 
     console = _console()
     table = Table(title="gramcheck variants")
-    for col in ("name", "forms", "declares", "inputs", "summary"):
+    for col in ("name", "forms", "hyperparameters (defaults)", "inputs", "tags", "summary"):
         table.add_column(col)
     for v in _variants.list():
-        table.add_row(v.name, ", ".join(v.forms), ", ".join(sorted(v.declares)), ", ".join(v.inputs), v.summary)
+        d = v.describe()
+        params = ", ".join(f"{k}={val!r}" for k, val in d["params"].items())
+        tags = ", ".join(d["declares"])
+        table.add_row(v.name, ", ".join(d["forms"]), params, ", ".join(d["inputs"]), tags, v.summary)
     console.print(table)
     props = Table(title="gramcheck properties")
     for col in ("name", "proof", "summary"):

@@ -12,8 +12,8 @@ import numpy as np
 
 from . import variants as _variants
 from .agreement import check_agreement
-from .featuremaps import random_projection
 from .findings import Finding
+from .inputs import draw_extras
 from .precision import round_to
 
 # real failure modes of built-in variants that the catalogue reports (proofs/invariants.md): the demo
@@ -41,17 +41,14 @@ def demo_inputs(
     variant: Any, *, dtype: str, B: int = 1, H: int = 2, N: int = 32, d: int = 8, m: int = 16, seed: int = 0
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, np.ndarray]]:
     """Seeded Gaussian q, k, v (B, H, N, d) representable in ``dtype``, plus the variant's extra inputs
-    (log-decays in [-0.5, 0), an orthogonal random matrix (m, d))."""
+    drawn in their specs' benign regimes (log-decays in [-0.5, 0), an orthogonal random matrix (m, d))."""
     var = _variants.get(variant)
     rng = np.random.default_rng(seed)
     q, k, v = (round_to(rng.standard_normal((B, H, N, d)), dtype) for _ in range(3))
-    if var.name == "linear-relu":  # keep relu denominators away from zero for the agreement check
+    if "vanishing-denominator" in var.tags():  # keep denominators away from zero for the agreement check
         q, k = np.abs(q) + round_to(np.full_like(q, 0.25), dtype), np.abs(k) + round_to(np.full_like(k, 0.25), dtype)
-    extras: dict[str, np.ndarray] = {}
-    if "g" in var.inputs:
-        extras["g"] = round_to(-rng.uniform(1e-3, 0.5, (B, H, N, d)), dtype)
-    if "projection" in var.inputs:
-        extras["projection"] = round_to(random_projection(m, d, kind="orf", seed=seed + 1), dtype)
+    dims = {"B": B, "H": H, "N": N, "dk": d, "dv": d, "m": m}
+    extras = draw_extras(var.inputs, dims, dtype=dtype, seed=seed + 1)
     return q, k, v, extras
 
 

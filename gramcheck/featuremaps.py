@@ -1,7 +1,7 @@
 """Feature maps phi and the random matrices of FAVOR+, written once against the arithmetic shim.
 
 Each map takes ``ar`` (an ``Arith``: F64, MP, ball, or ``TORCH``) and x of shape (B, H, N, d) and returns
-phi(x) of shape (B, H, N, m). Formulas (shared/BOUNDS.md, proofs/favor-mse.md):
+phi(x) of shape (B, H, N, m). Formulas (proofs/favor-mse.md):
 
 * elu+1:         phi(x) = elu(x) + 1 = x + 1 (x > 0), e^x (x <= 0)              (Katharopoulos et al. 2020)
 * relu:          phi(x) = max(x, 0)

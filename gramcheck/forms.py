@@ -122,7 +122,7 @@ def recurrent(q: Any, k: Any, v: Any, g: Any = None, *, causal: bool) -> Any:
     return torch.stack(outs, dim=2).to(q.dtype)
 
 
-def _pad_chunks(x: Any, c: int) -> Any:
+def pad_chunks(x: Any, c: int) -> Any:
     """(B, H, N, e) -> (B, H, n_chunks, c, e), zero-padded at the end."""
     torch = _torch()
     B, H, N, e = x.shape
@@ -137,7 +137,7 @@ def chunked(q: Any, k: Any, v: Any, g: Any = None, *, causal: bool, chunk_size: 
     c = check_positive_int("chunk_size", chunk_size)
     B, H, N, dk = q.shape
     dv = v.shape[-1]
-    qc, kc, vc = _pad_chunks(q, c), _pad_chunks(k, c), _pad_chunks(v, c)
+    qc, kc, vc = pad_chunks(q, c), pad_chunks(k, c), pad_chunks(v, c)
     nc = qc.shape[2]
     acc = _acc_dtype(q)
     if not causal:
@@ -150,7 +150,7 @@ def chunked(q: Any, k: Any, v: Any, g: Any = None, *, causal: bool, chunk_size: 
         scores = (qc @ kc.transpose(-1, -2)) * mask.to(q.dtype)
         q_in, k_out, carry = qc, kc, None
     else:
-        bl = _pad_chunks(g.to(_gate_dtype(g)), c).cumsum(-2)  # log-decay from chunk start through t
+        bl = pad_chunks(g.to(_gate_dtype(g)), c).cumsum(-2)  # log-decay from chunk start through t
         last = bl[..., -1:, :]
         scores = _decayed_scores(qc, kc, bl, bl, mask)
         q_in = qc.to(acc) * bl.exp().to(acc)  # decay of the incoming state up to t

@@ -91,6 +91,11 @@ _RANGE: dict[str, tuple[int, float]] = {
 }
 
 
+def smallest_subnormal(dtype: Any) -> float:
+    """The smallest positive (subnormal) value of the format: the absolute error of an underflow."""
+    return math.ldexp(1.0, _RANGE[dtype_name(dtype)][0])
+
+
 def max_finite(dtype: Any) -> float:
     """The largest finite value of the format."""
     return _RANGE[dtype_name(dtype)][1]
@@ -111,11 +116,6 @@ def round_to(x: Any, dtype: Any) -> np.ndarray:
         step = np.maximum(e.astype(np.int64) - p, sub_exp)  # spacing 2^step of the grid near x
         out = np.ldexp(np.round(np.ldexp(x, -step)), step)  # np.round: half to even
         return np.where(np.abs(out) > big, np.copysign(np.inf, x), out)
-
-
-def bits_for_digits(digits: float) -> int:
-    """Bits needed to represent ``digits`` decimal digits: ceil(digits * log2(10))."""
-    return int(math.ceil(digits * math.log2(10.0)))
 
 
 @contextlib.contextmanager

@@ -299,10 +299,10 @@ def attention_matrix(variant: Any, q: Any, k: Any, *, causal: bool = False, **kw
     """The matrix M (B, H, N, N) with O = M V, as the float64 reference on V = I_N. Defined for
     variants linear in V (not for an output norm: NormAttention, RetNet with GroupNorm)."""
     from . import variants as _variants
+    from .variants.common import attention_matrix as _attention_matrix
 
     var = _variants.get(variant)
-    if "v-scale-invariant" in var.declares or kwargs.get("group_norm"):
+    params, extras = var.split_kwargs(kwargs)
+    if "linear-in-v" not in var.tags(params):
         raise ValueError(f"variant: {var.name!r} is not linear in v (output norm); no attention matrix M with O = M V")
-    B, H, N, _ = np.shape(q)
-    eye = np.broadcast_to(np.eye(N), (B, H, N, N)).copy()
-    return np.asarray(var.reference(q, k, eye, causal=causal, **kwargs))
+    return _attention_matrix(var, q, k, causal=causal, params=params, extras=extras)

@@ -28,8 +28,8 @@ What each kind promises, recorded in ``AttentionInputs.meta`` and checked in tes
 * ``degenerate``      zero rows in q and k, and N = 1 or d = 1 drawn with high probability.
 * ``long``            N near the size budget ``max_n`` (d small so N * d stays within budget).
 
-Gated variants also get log-decays ``g`` (B, H, N, d_k), <= 0: decays near 1 (long memory), near 0,
-or mixed per channel (meta: gate). Random-feature variants get an orthogonal ``projection`` (m, d_k).
+A variant's extra inputs (log-decays, write strengths, random matrices, ...) are drawn by their own
+specs (``gramcheck.inputs``) in a regime drawn from the spec's regimes (meta: regimes, by input name).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ import numpy as np
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-from .featuremaps import random_projection
+from .inputs import draw_extras
 from .precision import dtype_name, max_finite, round_to, unit_roundoff
 from .validation import check_choice
 
@@ -59,7 +59,6 @@ KINDS = (
     "degenerate",
     "long",
 )
-GATES = ("long-memory", "short-memory", "mixed")
 
 # Hypothesis settings profiles. ``ci``: derandomised (the same examples every run), no example
 # database, no deadline (a target's first call may compile); ``thorough``: a real search.
@@ -145,42 +144,10 @@ def log_spaced(cond: float, r: int) -> np.ndarray:
     return np.power(10.0, -np.linspace(0.0, math.log10(cond), r))
 
 
-def _gates(rng: np.random.Generator, shape: tuple[int, ...], gate: str) -> np.ndarray:
-    """Log-decays g <= 0: long memory (alpha in [0.99, 1)), short (alpha in (0, 0.05]), or mixed
-    per channel (half the channels long, half short)."""
-    long_g = np.log(rng.uniform(0.99, 1.0 - 1e-6, shape))
-    short_g = np.log(rng.uniform(1e-6, 0.05, shape))
-    if gate == "long-memory":
-        return long_g
-    if gate == "short-memory":
-        return short_g
-    channel = np.arange(shape[-1]) % 2 == 0
-    return np.where(channel, long_g, short_g)
-
-
 # --------------------------------------------------------------------------------------------------
 # strategies
 # --------------------------------------------------------------------------------------------------
 _SEEDS = st.integers(min_value=0, max_value=2**32 - 1)
-
-
-@st.composite
-def spectrum_matrices(
-    draw: Any, n: int, d: int, *, max_log10_cond: float = 12.0, rank: int | None = None
-) -> tuple[np.ndarray, float]:
-    """(matrix (n, d), condition number): prescribed log-spaced singular values, cond = 10^c with c
-    drawn in [0, max_log10_cond] (shrinks to 1); ``rank`` r < min(n, d) makes it exactly rank r."""
-    c = draw(st.floats(0.0, max_log10_cond, allow_nan=False))
-    rng = np.random.default_rng(draw(_SEEDS))
-    r = min(n, d) if rank is None else rank
-    return with_spectrum(rng, n, d, log_spaced(10.0**c, r)), 10.0**c
-
-
-@st.composite
-def gates(draw: Any, shape: tuple[int, ...], kind: str | None = None) -> tuple[np.ndarray, str]:
-    """(log-decays g of ``shape``, the gate kind) for GLA/RetNet-style recurrences."""
-    gate = kind or draw(st.sampled_from(GATES))
-    return _gates(np.random.default_rng(draw(_SEEDS)), shape, gate), gate
 
 
 @st.composite
@@ -287,8 +254,8 @@ def attention_inputs(
 ) -> AttentionInputs:
     """Adversarial inputs for ``variant`` (a name, a Variant or None for plain q, k, v): one of
     ``kinds`` (default all) with sizes B <= max_b, H <= max_h, N <= max_n, d <= max_d, rounded to
-    ``dtype``. Extras: log-decays ``g`` for gated variants (``gate`` fixes their kind), an orthogonal
-    random ``projection`` (m, d), m = 2 d by default, for random-feature variants. Shrinks toward
+    ``dtype``. Extras: each of the variant's extra inputs drawn by its spec (``gate`` fixes the regime
+    of the inputs that know it; a random matrix has m = 2 d rows by default). Shrinks toward
     B = H = 1, N = d = 1 and the simplest parameters of the kind."""
     from . import variants as _variants
 
@@ -320,13 +287,13 @@ def attention_inputs(
     dv = d
     q, k, v, meta = draw(_qkv(kind, B, H, N, d, dv, dt))
     extras: dict[str, np.ndarray] = {}
-    if var is not None and "g" in var.inputs:
-        gvals, gk = draw(gates((B, H, N, d), gate))
-        extras["g"] = np.minimum(round_to(gvals, dt), 0.0)
-        meta["gate"] = gk
-    if var is not None and "projection" in var.inputs:
-        mm = 2 * d if m is None else m
-        extras["projection"] = round_to(random_projection(mm, d, kind="orf", seed=draw(_SEEDS)), dt)
+    dims = {"B": B, "H": H, "N": N, "dk": d, "dv": dv, "m": 2 * d if m is None else m}
+    regimes: dict[str, str] = {}
+    for spec in var.inputs if var is not None else ():
+        regimes[spec.name] = gate if gate in spec.regimes else draw(st.sampled_from(spec.regimes))
+        extras.update(draw_extras((spec,), dims, dtype=dt, seed=draw(_SEEDS), regimes=regimes))
+    if regimes:
+        meta["regimes"] = regimes
     big = max_finite(dt)  # heavy tails can leave float16's range: keep every input finite
     q, k, v = (np.clip(round_to(np.clip(x, -big, big), dt), -big, big) for x in (q, k, v))
     return AttentionInputs(q, k, v, extras, kind, dt, meta)

@@ -52,10 +52,9 @@ def check_array(
         raise ValueError(f"{name}: contains NaN or Inf (shape {shape}); expected finite values")
 
 
-def check_qkv(q: Any, k: Any, v: Any, **extras: Any) -> tuple[int, int, int, int, int]:
-    """Check q (B, H, N, d_k), k (B, H, N, d_k), v (B, H, N, d_v) and optional per-token extras
-    (``g`` of shape (B, H, N, d_k), (B, H, N, 1) or (B, H, N); ``projection`` of shape (m, d_k)).
-    Returns (B, H, N, d_k, d_v)."""
+def check_qkv(q: Any, k: Any, v: Any) -> tuple[int, int, int, int, int]:
+    """Check q (B, H, N, d_k), k (B, H, N, d_k), v (B, H, N, d_v): arrays of one kind, dtype and device.
+    Extra inputs are checked against their specs (``gramcheck.inputs``). Returns (B, H, N, d_k, d_v)."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         check_array(name, x)
     B, H, N, dk = q.shape
@@ -63,29 +62,12 @@ def check_qkv(q: Any, k: Any, v: Any, **extras: Any) -> tuple[int, int, int, int
         raise ValueError(f"k: got shape {tuple(k.shape)}; expected the shape of q, {tuple(q.shape)} (B, H, N, d_k)")
     if tuple(v.shape[:3]) != (B, H, N):
         raise ValueError(f"v: got shape {tuple(v.shape)}; expected (B, H, N, d_v) = ({B}, {H}, {N}, d_v) to match q")
-    tensors = [("q", q), ("k", k), ("v", v)]
-    g = extras.get("g")
-    if g is not None:
-        check_array("g", g, ndim=None)
-        per_channel = len(g.shape) == 4 and tuple(g.shape[:3]) == (B, H, N) and g.shape[3] in (1, dk)
-        if tuple(g.shape) != (B, H, N) and not per_channel:
-            raise ValueError(
-                f"g: got shape {tuple(g.shape)}; expected log-decays of shape "
-                f"({B}, {H}, {N}, {dk}), ({B}, {H}, {N}, 1) or ({B}, {H}, {N}) (one per head and token)"
-            )
-        if bool((g > 0).any()):
-            raise ValueError("g: has positive entries; expected log-decays g <= 0 (decay alpha = exp(g) in (0, 1])")
-        tensors.append(("g", g))
-    w = extras.get("projection")
-    if w is not None:
-        check_array("projection", w, ndim=2, layout="(m, d_k)")
-        if w.shape[1] != dk:
-            raise ValueError(f"projection: got shape {tuple(w.shape)}; expected (m, {dk}) with d_k = {dk} as in q")
-    _check_same_kind(tensors)
+    check_same_kind([("q", q), ("k", k), ("v", v)])
     return B, H, N, dk, int(v.shape[3])
 
 
-def _check_same_kind(tensors: list[tuple[str, Any]]) -> None:
+def check_same_kind(tensors: list[tuple[str, Any]]) -> None:
+    """The arrays are all NumPy or all torch, of one dtype and (torch) one device."""
     first_name, first = tensors[0]
     for name, x in tensors[1:]:
         if _is_torch(x) != _is_torch(first):

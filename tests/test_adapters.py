@@ -22,7 +22,7 @@ def test_fla_naive_references_agree_in_float32(name):
 
 @needs_fla
 def test_fla_naive_computes_in_float32_even_for_float64_inputs():
-    """shared/PEERS.md: the naive code calls .float(). In float64 that is a real finding: its error is
+    """The naive code calls .float(). In float64 that is a real finding: its error is
     float32-sized, far beyond the float64 rounding bound, and gradcheck's float64 Jacobian disagrees."""
     variant, params = fla.params("retention", D)
     r = check(

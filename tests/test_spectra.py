@@ -128,7 +128,7 @@ def test_normaliser_margin():
 def test_gram_spectra_factor_path_equals_dense_matrix(name):
     rng = np.random.default_rng(11)
     q, k = rng.standard_normal((2, 1, 2, 64, 8)) * 0.5
-    kw = {"projection": random_projection(16, 8, kind="orf", seed=2)} if "projection" in V.get(name).inputs else {}
+    kw = {"projection": random_projection(16, 8, kind="orf", seed=2)} if "projection" in V.get(name).input_names else {}
     fq, fk = V.get(name).features(q, k, **kw)
     for sp in spectra.gram_spectra(name, q, k, **kw):
         b, h = sp.head

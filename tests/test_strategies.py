@@ -133,12 +133,17 @@ def test_heavy_tail_kind_has_heavy_tails():
 def test_gates_promise_their_memory(data):
     ex = data.draw(S.attention_inputs("gla", kinds=["gaussian"], max_n=16, max_d=6))
     alpha = np.exp(ex.extras["g"])
-    if ex.meta["gate"] == "long-memory":
+    regime = ex.meta["regimes"]["g"]
+    if regime == "long-memory":
         assert np.all(alpha >= 0.99)
-    elif ex.meta["gate"] == "short-memory":
+    elif regime == "short-memory":
         assert np.all(alpha <= 0.05 + 1e-12)
-    else:
+    elif regime == "mixed":
         assert np.all(alpha[..., 0::2] >= 0.99) and np.all(alpha[..., 1::2] <= 0.05 + 1e-12)
+    else:  # extreme: each decay is either long-memory or at most e^-20 (down to e^-100)
+        assert regime == "extreme"
+        strong = alpha <= np.exp(-20.0) * (1 + 1e-6)
+        assert np.all(strong | (alpha >= 0.99)) and np.all(alpha >= np.exp(-100.0) * (1 - 1e-2))
 
 
 def test_long_kind_reaches_the_size_budget():

@@ -1,5 +1,5 @@
 """Adapters: third-party attention code in gramcheck's calling convention fn(q, k, v, *, causal, **extras)
-with layout (B, H, N, d), and the variant and hyperparameters each implements (shared/PEERS.md).
+with layout (B, H, N, d), and the variant and hyperparameters each implements.
 
 - ``fla.gla`` (fla-core 0.6.0, naive): gla with scale = d^-1/2
 - ``fla.retention`` (fla-core 0.6.0, naive): retnet with its defaults

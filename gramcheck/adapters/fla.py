@@ -2,7 +2,7 @@
 
 fla/ops/__init__ imports the Triton kernels, so on a machine without Triton ``fla.ops.gla.naive`` cannot be
 imported by name; the naive files are pure torch + einops and are loaded by file path from the installed
-package (shared/PEERS.md). Layout (B, T, H, K) for GLA and linear attention, (B, H, T, D) for retention;
+package. Layout (B, T, H, K) for GLA and linear attention, (B, H, T, D) for retention;
 the naive code computes in float32 whatever the input dtype and casts back.
 """
 

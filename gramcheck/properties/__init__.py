@@ -1,5 +1,6 @@
 """The property catalogue. Each ``Property`` checks one theory-backed statement on one drawn input and
-returns a ``Finding``; ``applicable(variant, causal, params)`` lists those meaningful for a target.
+returns a ``Finding``; ``applicable(variant, causal, params)`` lists those meaningful for a target, from
+the tags the variant holds with those hyperparameters (``Variant.tags``).
 Component properties of random features (kernel MSE, ORF) are plain functions in ``kernels``.
 
 | name                      | applies to                                      | proof                        |
@@ -13,15 +14,15 @@ Component properties of random features (kernel MSE, ORF) are plain functions in
 | causality                 | causal mode                                     | invariants.md                |
 | qk-scale-invariance       | qk-scale-invariant                              | invariants.md                |
 | v-scale-invariance        | v-scale-invariant                               | invariants.md                |
-| weight-range              | qknorm-softmax                                  | qknorm-weight-range.md       |
-| row-normalisation         | FAVOR+ positive / hyperbolic                    | row-normalisation.md         |
-| normaliser-margin         | relu / trig features (denominators can vanish)  | invariants.md                |
-| unnormalised-growth       | linear-unnormalised                             | unnormalised-growth.md       |
-| state-bound               | bounded-state (no GroupNorm)                    | gated-state-bound.md         |
+| weight-range              | weight-range (QK-norm softmax)                  | qknorm-weight-range.md       |
+| row-normalisation         | row-normalisation (FAVOR+ positive, hyperbolic) | row-normalisation.md         |
+| normaliser-margin         | vanishing-denominator (relu, trig features)     | invariants.md                |
+| unnormalised-growth       | unnormalised-growth                             | unnormalised-growth.md       |
+| state-bound               | bounded-state (decay_bound)                     | gated-state-bound.md         |
 | gradcheck                 | every variant (float64, small inputs)           | jacobian-bounds.md           |
 | finite-gradients          | every variant                                   | jacobian-bounds.md           |
-| jacobian-norm             | linear in V or NormAttention (+ Q, K bounds)    | jacobian-bounds.md           |
-| depth-growth              | softmax, DiagAttention, linear-elu/relu         | jacobian-bounds.md           |
+| jacobian-norm             | jacobian-v (+ Q, K where jacobian-qk)           | jacobian-bounds.md           |
+| depth-growth              | jacobian-qk and not gated                       | jacobian-bounds.md           |
 | energy-share (diagnostic) | every variant                                   | gram-spectrum.md             |
 """
 
@@ -105,7 +106,7 @@ CATALOGUE: tuple[Property, ...] = (
     Property(
         "weight-range",
         invariants.weight_range,
-        invariants.qknorm_softmax,
+        declares("weight-range"),
         "qknorm-weight-range.md",
         "QK-norm softmax weights within [1/(1+(n-1)e^{2 tau}), 1/(1+(n-1)e^{-2 tau})]",
         max_n=32,
@@ -113,28 +114,28 @@ CATALOGUE: tuple[Property, ...] = (
     Property(
         "row-normalisation",
         kernels.row_normalisation,
-        lambda v, c, p: v.family == "performer" and "normalised-rows" in v.declares,
+        declares("row-normalisation"),
         "row-normalisation.md",
         "kernel error eps < 1 moves o by <= eps/(1-eps) range(v) (+ rounding)",
     ),
     Property(
         "normaliser-margin",
         conditioning.margin,
-        conditioning.vanishing_denominator,
+        declares("vanishing-denominator"),
         "invariants.md",
         "no denominator vanishes or cancels: min den / (|phi(q)| . sum |phi(k)|) > 0",
     ),
     Property(
         "unnormalised-growth",
         conditioning.unnormalised_growth,
-        lambda v, c, p: v.name == "linear-unnormalised",
+        declares("unnormalised-growth"),
         "unnormalised-growth.md",
         "|o_i| <= n_i max|A_ij| max|v| / c: linear growth with N",
     ),
     Property(
         "state-bound",
         conditioning.state_bound,
-        conditioning.gated_without_norm,
+        declares("bounded-state"),
         "gated-state-bound.md",
         "|S_t| <= max|k||v|^T / (1 - alpha_max) for every t",
     ),
@@ -159,7 +160,7 @@ CATALOGUE: tuple[Property, ...] = (
     Property(
         "jacobian-norm",
         gradients.jacobian_norm,
-        gradients.linear_in_v,
+        declares("jacobian-v"),
         "jacobian-bounds.md",
         "||dO/dV|| = ||P|| <= sqrt(||P||_1 ||P||_inf); ||dO/dQ||, ||dO/dK|| against analytic bounds",
         kinds=gradients.GRADIENT_KINDS,
@@ -169,7 +170,7 @@ CATALOGUE: tuple[Property, ...] = (
     Property(
         "depth-growth",
         gradients.depth_growth,
-        gradients.square_self_attention,
+        declares("jacobian-qk", absent=("gated",)),
         "jacobian-bounds.md",
         "4 residual layers: ||dx_L/dx_0|| <= prod (1 + b_Q + b_K + b_V)",
         kinds=gradients.GRADIENT_KINDS,

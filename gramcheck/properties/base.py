@@ -116,10 +116,14 @@ def always(variant: Variant, causal: bool, params: dict[str, Any]) -> bool:
     return True
 
 
-def declares(*tags: str, causal: bool | None = None) -> Callable[[Variant, bool, dict[str, Any]], bool]:
-    """Applicability: the variant declares every tag (and the mode matches ``causal`` if given)."""
+def declares(
+    *tags: str, causal: bool | None = None, absent: tuple[str, ...] = ()
+) -> Callable[[Variant, bool, dict[str, Any]], bool]:
+    """Applicability: with the target's hyperparameters the variant holds every tag and none of
+    ``absent`` (and the mode matches ``causal`` if given)."""
 
     def test(variant: Variant, c: bool, params: dict[str, Any]) -> bool:
-        return all(t in variant.declares for t in tags) and (causal is None or c == causal)
+        held = variant.tags(params)
+        return all(t in held for t in tags) and not held & set(absent) and (causal is None or c == causal)
 
     return test

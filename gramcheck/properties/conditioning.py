@@ -3,8 +3,6 @@ unnormalised variant's growth with N, and the state bound of gated recurrences."
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from ..bounds import gated_state_bound, unnormalised_output_bound
@@ -83,18 +81,11 @@ def unnormalised_growth(target: Target, ex: AttentionInputs, *, causal: bool) ->
 def state_bound(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding | None:
     """|S_t| <= max_s |k_s||v_s|^T / (1 - alpha_max) for every t (proofs/gated-state-bound.md). The
     state is read through the target: with q_t = e_c for all t, o_t = s S_t^T e_c is row c of s S_t."""
-    var = target.variant
     B, H, N, dk = ex.q.shape
-    if var.name == "retnet":
-        from ..variants.retnet import head_gammas
-
-        alpha_max = float(head_gammas(H, target.params.get("gamma")).max())
-    else:
-        alpha_max = float(np.exp(ex.extras["g"] / float(target.params.get("gate_tau", 1.0))).max())
-    if alpha_max >= 1:
+    alpha_max = target.variant.decay_bound(target.params, ex.extras, H)
+    if alpha_max is None or alpha_max >= 1:
         return None  # no decay: the bound is vacuous
-    scale = target.params.get("scale")
-    s = 1.0 / np.sqrt(dk) if scale is None else float(scale)
+    s = target.variant.scale(target.params, dk)
     rows = []
     for c in range(dk):
         qc = np.zeros_like(ex.q)
@@ -104,13 +95,3 @@ def state_bound(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding
     bound = gated_state_bound(ex.k, ex.v, alpha_max)[..., None, :, :]
     slack = 1 + 2 * gamma(N + 2, target.dtype)
     return ratio_finding("state-bound", np.abs(state), bound * slack, ex, alpha_max=alpha_max)
-
-
-def gated_without_norm(variant: Any, causal: bool, params: dict[str, Any]) -> bool:
-    return "bounded-state" in variant.declares and not params.get("group_norm")
-
-
-def vanishing_denominator(variant: Any, causal: bool, params: dict[str, Any]) -> bool:
-    """Denominators that can vanish or cancel in exact arithmetic: relu or trig features (positive
-    features have margin exactly 1, so the check would be vacuous)."""
-    return "denominator" in variant.declares and (params.get("feature") == "relu" or params.get("kind") == "trig")

@@ -10,9 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import bounds
 from ..findings import Finding
-from ..spectra import attention_matrix
 from ..strategies import AttentionInputs
 from ..targets import Target
 from .base import arrays_of, guarded, ratio_finding
@@ -126,39 +124,16 @@ def _slices(ex: AttentionInputs) -> list[tuple[int, int]]:
     return list(np.ndindex(*ex.q.shape[:2]))
 
 
-def _scale(target: Target, d: int) -> float:
-    s = target.params.get("scale")
-    return 1.0 / math.sqrt(d) if s is None else float(s)
-
-
-def _slice_extras(extras: dict[str, Any], b: int, h: int) -> dict[str, Any]:
-    """Per-token extras (g) restricted to one (b, h); the projection is shared."""
-    return {n: (x[b : b + 1, h : h + 1] if n == "g" else x) for n, x in extras.items()}
+def _slice_extras(target: Target, extras: dict[str, Any], b: int, h: int) -> dict[str, Any]:
+    """The extra inputs restricted to one (b, h) pair (each spec knows its axes)."""
+    return {n: target.variant.input(n).head(x, b, h) for n, x in extras.items()}
 
 
 def _analytic(
     target: Target, causal: bool, q: np.ndarray, k: np.ndarray, v: np.ndarray, extras: dict[str, Any]
 ) -> dict[str, float]:
     """Analytic bounds on the norms of dO/dQ, dO/dK, dO/dV for one slice q, k, v of shape (1, 1, N, d)."""
-    var = target.variant
-    if var.name == "transnormer-norm":
-        fq, fk = var.features(q, k, **{n: x for n, x in target.params.items() if n == "feature"})
-        a = fq[0, 0] @ fk[0, 0].T
-        a = np.tril(a) if causal else a
-        gain = float(target.params["gain"]) if target.params.get("norm") == "rmsnorm" else 1.0
-        return {"v": bounds.normattention_jacobian_v_bound(a, v[0, 0], gain=gain, eps=float(target.params["norm_eps"]))}
-    p = attention_matrix(var, q, k, causal=causal, **target.params, **extras)[0, 0]
-    out = {"v": bounds.jacobian_v_bound(p)}
-    q0, k0, v0 = q[0, 0], k[0, 0], v[0, 0]
-    if var.family == "softmax" or var.name == "transnormer-diag":
-        s = _scale(target, q.shape[-1])
-        out["q"] = bounds.softmax_jacobian_q_bound(p, k0, v0, s)
-        out["k"] = bounds.softmax_jacobian_k_bound(p, q0, v0, s)
-    elif var.name in ("linear-elu", "linear-relu") and not target.params.get("eps"):
-        fq, fk = var.features(q, k, **target.params)
-        out["q"] = bounds.linear_jacobian_q_bound(fq[0, 0], fk[0, 0], v0, causal=causal)
-        out["k"] = bounds.linear_jacobian_k_bound(fq[0, 0], fk[0, 0], v0, causal=causal)
-    return out
+    return target.variant.jacobian_bounds(q, k, v, causal=causal, params=target.params, extras=extras)
 
 
 def _slack(*xs: np.ndarray) -> float:
@@ -167,17 +142,6 @@ def _slack(*xs: np.ndarray) -> float:
     a derivative that vanishes, e.g. dO/dQ at N = 1, where the exact bound is 0)."""
     m = max(float(np.max(np.abs(x))) for x in xs)
     return 1e-9 * (1.0 + m * m)
-
-
-def has_q_bound(variant: Any, causal: bool, params: dict[str, Any]) -> bool:
-    return variant.name in ("softmax", "transnormer-diag", "linear-elu", "linear-relu") and not params.get("eps")
-
-
-def linear_in_v(variant: Any, causal: bool, params: dict[str, Any]) -> bool:
-    """V-Jacobian bound available: variants linear in V, and NormAttention (its own bound)."""
-    return variant.name == "transnormer-norm" or (
-        "v-scale-invariant" not in variant.declares and not params.get("group_norm")
-    )
 
 
 @guarded("jacobian-norm")
@@ -191,8 +155,8 @@ def jacobian_norm(target: Target, ex: AttentionInputs, *, causal: bool) -> Findi
     est, bnd, labels = [], [], []
     for b, h in _slices(ex):
         sl = (slice(b, b + 1), slice(h, h + 1))
-        fs = _call64(target, causal, _slice_extras(t, b, h))
-        ana = _analytic(target, causal, ex.q[sl], ex.k[sl], ex.v[sl], _slice_extras(ex.extras, b, h))
+        fs = _call64(target, causal, _slice_extras(target, t, b, h))
+        ana = _analytic(target, causal, ex.q[sl], ex.k[sl], ex.v[sl], _slice_extras(target, ex.extras, b, h))
         for wrt, bound in ana.items():
             args = {"q": q[sl], "k": k[sl], "v": v[sl]}
 
@@ -246,7 +210,7 @@ def depth_growth(target: Target, ex: AttentionInputs, *, causal: bool) -> Findin
                     xn[b : b + 1, h : h + 1],
                     xn[b : b + 1, h : h + 1],
                     xn[b : b + 1, h : h + 1],
-                    _slice_extras(ex.extras, b, h),
+                    _slice_extras(target, ex.extras, b, h),
                 ).values()
             )
             for b, h in _slices(ex)
@@ -261,7 +225,3 @@ def depth_growth(target: Target, ex: AttentionInputs, *, causal: bool) -> Findin
     f = ratio_finding("depth-growth", np.array([est]), np.array([bound * (1 + 1e-7) + _slack(x0)]), ex)
     f.details.update(estimate=est, bound=bound, depth=DEPTH, per_layer_growth=est ** (1 / DEPTH))
     return f
-
-
-def square_self_attention(variant: Any, causal: bool, params: dict[str, Any]) -> bool:
-    return has_q_bound(variant, causal, params) and "gated" not in variant.declares

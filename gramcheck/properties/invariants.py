@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import replace
-from typing import Any
 
 import numpy as np
 
-from ..bounds import qknorm_weight_range
+from ..bounds import qknorm_weight_range, value_hull
 from ..findings import Finding
 from ..precision import round_to
 from ..strategies import AttentionInputs
@@ -56,20 +55,13 @@ def rows_sum_to_one(target: Target, ex: AttentionInputs, *, causal: bool) -> Fin
     )
 
 
-def _hull(v: np.ndarray, causal: bool) -> tuple[np.ndarray, np.ndarray]:
-    if causal:
-        return np.maximum.accumulate(v, axis=-2), np.minimum.accumulate(v, axis=-2)
-    n = v.shape[-2]
-    return np.repeat(v.max(-2, keepdims=True), n, -2), np.repeat(v.min(-2, keepdims=True), n, -2)
-
-
 @guarded("convex-hull")
 def convex_hull(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding | None:
     """min_j v_jk <= o_ik <= max_j v_jk (j <= i when causal), up to the rounding bound of o."""
     if _undefined(target, ex, causal):
         return None
     o = target(ex.q, ex.k, ex.v, causal=causal, **ex.extras)
-    hi, lo = _hull(ex.v, causal)
+    hi, lo = value_hull(ex.v, causal=causal)
     outside = np.maximum(np.maximum(o - hi, lo - o), 0.0)
     outside = np.where(np.isnan(o), np.inf, outside)
     return ratio_finding("convex-hull", outside, bound_of(target, ex, causal=causal), ex)
@@ -95,7 +87,8 @@ def permutation_equivariance(target: Target, ex: AttentionInputs, *, causal: boo
 
 @guarded("causality")
 def causality(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding | None:
-    """Replacing every token after position t (q, k, v and gates) changes no output at positions <= t.
+    """Replacing every token after position t (q, k, v and every per-token extra input, redrawn by its
+    spec) changes no output at positions <= t.
     Bit-exact (bound 0) unless the variant declares ``causal-rounding`` (a global stabiliser that
     cancels in exact arithmetic), where the change must stay within the two rounding bounds."""
     n = ex.q.shape[-2]
@@ -103,13 +96,13 @@ def causality(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding |
         return None
     rng = _rng(ex, "future")
     t = int(rng.integers(0, n - 1))
-    fut = replace(ex, q=ex.q.copy(), k=ex.k.copy(), v=ex.v.copy(), extras={n: x.copy() for n, x in ex.extras.items()})
+    extras = {}
+    for name, x in ex.extras.items():
+        spec = target.variant.input(name)
+        extras[name] = np.clip(round_to(spec.future(x, t, rng), ex.dtype), spec.low, spec.high)
+    fut = replace(ex, q=ex.q.copy(), k=ex.k.copy(), v=ex.v.copy(), extras=extras)
     for x in (fut.q, fut.k, fut.v):
         x[..., t + 1 :, :] = round_to(rng.standard_normal(x[..., t + 1 :, :].shape) * (1 + np.abs(x).max()), ex.dtype)
-    if "g" in fut.extras:
-        fut.extras["g"][..., t + 1 :, :] = np.minimum(
-            round_to(-rng.uniform(0, 2, fut.extras["g"][..., t + 1 :, :].shape), ex.dtype), 0
-        )
     if _undefined(target, ex, True) or _undefined(target, fut, True):
         return None
     o = target(ex.q, ex.k, ex.v, causal=True, **ex.extras)[..., : t + 1, :]
@@ -179,10 +172,6 @@ def weight_range(target: Target, ex: AttentionInputs, *, causal: bool) -> Findin
     keep = np.tril(np.ones((n, n), bool)) if causal else np.ones((n, n), bool)
     out = np.where(keep, np.maximum(np.maximum(p - hi, lo - p), 0.0), 0.0)
     return ratio_finding("weight-range", out, b, ex, tau=tau)
-
-
-def qknorm_softmax(variant: Any, causal: bool, params: dict[str, Any]) -> bool:
-    return variant.name == "qknorm-softmax"
 
 
 @guarded("determinism")

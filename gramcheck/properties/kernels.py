@@ -159,8 +159,7 @@ def orf_conditioning(
 
 
 def _exact_kernel(target: Target, q: np.ndarray, k: np.ndarray) -> np.ndarray:
-    s = target.params.get("scale")
-    s = 1.0 / np.sqrt(q.shape[-1]) if s is None else float(s)
+    s = target.variant.scale(target.params, q.shape[-1])
     return np.exp(s * q @ np.swapaxes(k, -1, -2))
 
 
@@ -182,11 +181,7 @@ def row_normalisation(target: Target, ex: AttentionInputs, *, causal: bool) -> F
     l1 = bounds.row_normalisation_l1(eps)
     p_exact = np.where(keep, exact, 0.0)
     o = (p_exact @ ex.v) / p_exact.sum(-1, keepdims=True)
-    hi, lo = (
-        (np.maximum.accumulate(ex.v, -2), np.minimum.accumulate(ex.v, -2))
-        if causal
-        else (np.repeat(ex.v.max(-2, keepdims=True), n, -2), np.repeat(ex.v.min(-2, keepdims=True), n, -2))
-    )
     out = target(ex.q, ex.k, ex.v, causal=causal, **ex.extras)
-    bound = 0.5 * l1[..., None] * (hi - lo) + bound_of(target, ex, causal=causal) + 8 * np.finfo(float).eps * np.abs(o)
+    rounding = bound_of(target, ex, causal=causal) + 8 * np.finfo(float).eps * np.abs(o)
+    bound = bounds.row_normalisation_output(l1, ex.v, causal=causal) + rounding
     return ratio_finding("row-normalisation", np.abs(out - o), bound, ex, max_eps=float(eps.max()))

@@ -93,9 +93,12 @@ VARIANTS = [
         params={"scale": None, "eps": 0.0},
         forms=("chunked", "recurrent", "parallel"),
         noncausal_only=("parallel",),
-        declares=frozenset({"causal", "normalised-rows", "convex-hull", "permutation-equivariant", "denominator"}),
+        declares=frozenset(
+            {"causal", "normalised-rows", "convex-hull", "permutation-equivariant", "denominator", "linear-in-v"}
+        ),
         reference_fn=reference,
         torch_fn=torch_forward,
         features_fn=features,
+        recurrence="diagonal",
     )
 ]

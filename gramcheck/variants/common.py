@@ -3,6 +3,7 @@ same formula serves the reference arithmetics and, with ``TORCH``, the torch for
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -92,6 +93,15 @@ def rms_normalise(ar: Any, x: Any, eps: float) -> Any:
     """x / sqrt(mean(x^2) + eps) over the last axis (RMSNorm with unit gain, SRMSNorm)."""
     d = x.shape[-1]
     return in_float32(ar, x, lambda y: y / ar.sqrt(ar.sum(y * y, axis=-1, keepdims=True) / float(d) + eps))
+
+
+def attention_matrix(
+    var: Any, q: Any, k: Any, *, causal: bool, params: Mapping[str, Any], extras: Mapping[str, Any]
+) -> np.ndarray:
+    """The matrix M (B, H, N, N) with O = M V of a variant linear in V: its float64 reference on V = I_N."""
+    B, H, N, _ = np.shape(q)
+    eye = np.broadcast_to(np.eye(N), (B, H, N, N)).copy()
+    return np.asarray(var.reference(q, k, eye, causal=causal, **params, **extras))
 
 
 def _torch() -> Any:

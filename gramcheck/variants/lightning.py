@@ -22,6 +22,7 @@ variant follows fla, as the conventions ask.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -40,7 +41,7 @@ def log_decays(n_heads: int, layer_idx: int, num_layers: int) -> np.ndarray:
     return -(8.0 / n_heads * (1.0 - layer_idx / num_layers)) * np.arange(n_heads, dtype=np.float64)
 
 
-def decay_bound(params: dict[str, Any], extras: dict[str, Any], n_heads: int) -> float:
+def decay_bound(params: Mapping[str, Any], extras: Mapping[str, Any], n_heads: int) -> float:
     """alpha_max = max_h lambda_h (1.0 for head 0: no bound over all heads)."""
     return float(np.exp(log_decays(n_heads, params["layer_idx"], params["num_layers"]).max()))
 
@@ -107,8 +108,10 @@ VARIANTS = [
         source="Qin et al. 2024, Lightning Attention-2 (TransNormerLLM)",
         params={"scale": None, "layer_idx": 0, "num_layers": 2, "initial_state": None, "output_final_state": False},
         forms=("chunked", "recurrent", "parallel"),
-        declares=frozenset({"causal", "causal-only"}),
+        declares=frozenset({"causal", "causal-only", "linear-in-v"}),
         reference_fn=reference,
         torch_fn=torch_forward,
+        recurrence="diagonal",
+        decay_fn=decay_bound,
     )
 ]

@@ -12,12 +12,13 @@ materialises N x N.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from ..featuremaps import elementwise
 from ..forms import linear_recurrence
 from ..torch_arith import TORCH
-from .common import kernel_matrix, ref_normalised, torch_normalised
+from .common import attention_matrix, kernel_matrix, ref_normalised, torch_normalised
 from .spec import Variant
 
 LINEAR_FORMS = ("chunked", "recurrent", "parallel")
@@ -54,7 +55,32 @@ def features(ar: Any, q: Any, k: Any, *, feature: str, **_: Any) -> tuple[Any, A
     return phi(ar, q), phi(ar, k)
 
 
-_NORMALISED_TAGS = frozenset({"causal", "normalised-rows", "convex-hull", "permutation-equivariant", "denominator"})
+_NORMALISED_TAGS = frozenset(
+    {"causal", "normalised-rows", "convex-hull", "permutation-equivariant", "denominator", "linear-in-v"}
+)
+
+
+def normalised_tags(params: Mapping[str, Any]) -> frozenset[str]:
+    """relu features can leave a row with no positive overlap (den = 0); the Q and K Jacobian bounds are
+    derived for eps = 0 (proofs/jacobian-bounds.md)."""
+    tags = {"vanishing-denominator"} if params["feature"] == "relu" else set()
+    if not params["eps"]:
+        tags.add("jacobian-qk")
+    return frozenset(tags)
+
+
+def jacobian(var: Any, q: Any, k: Any, v: Any, *, causal: bool, params: Any, extras: Any) -> dict[str, float]:
+    """||dO/dV|| from the weight matrix; with eps = 0 the Q and K bounds of normalised linear attention
+    (one (b, h) slice)."""
+    from .. import bounds
+
+    p = attention_matrix(var, q, k, causal=causal, params=params, extras=extras)[0, 0]
+    out = {"v": bounds.jacobian_v_bound(p)}
+    if not params["eps"]:
+        fq, fk = var.features(q, k, **params, **extras)
+        out["q"] = bounds.linear_jacobian_q_bound(fq[0, 0], fk[0, 0], v[0, 0], causal=causal)
+        out["k"] = bounds.linear_jacobian_k_bound(fq[0, 0], fk[0, 0], v[0, 0], causal=causal)
+    return out
 
 VARIANTS = [
     Variant(
@@ -69,6 +95,9 @@ VARIANTS = [
         reference_fn=reference_normalised,
         torch_fn=torch_normalised_forward,
         features_fn=features,
+        recurrence="diagonal",
+        tags_fn=normalised_tags,
+        jacobian_fn=jacobian,
     ),
     Variant(
         name="linear-relu",
@@ -82,6 +111,9 @@ VARIANTS = [
         reference_fn=reference_normalised,
         torch_fn=torch_normalised_forward,
         features_fn=features,
+        recurrence="diagonal",
+        tags_fn=normalised_tags,
+        jacobian_fn=jacobian,
     ),
     Variant(
         name="linear-unnormalised",
@@ -91,9 +123,10 @@ VARIANTS = [
         params={"feature": "elu1", "divisor": 1.0},
         forms=LINEAR_FORMS,
         noncausal_only=("parallel",),
-        declares=frozenset({"causal", "permutation-equivariant"}),
+        declares=frozenset({"causal", "permutation-equivariant", "linear-in-v", "unnormalised-growth"}),
         reference_fn=reference_unnormalised,
         torch_fn=torch_unnormalised_forward,
         features_fn=features,
+        recurrence="diagonal",
     ),
 ]

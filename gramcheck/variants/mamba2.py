@@ -10,7 +10,8 @@ masked matrix of SSD. The chunked torch form is the SSD algorithm: the quadratic
 chunk, exact states passed between chunks (gramcheck.forms with a scalar decay), all decays as exp of
 non-positive differences. State passing: ``initial_state`` S_0 (B, H, d_k, d_v), ``output_final_state``
 (gramcheck.state). The state obeys |S_t| <= max_s |k_s||v_s|^T / (1 - alpha_max), alpha_max = max exp(g)
-(proofs/gated-state-bound.md; ``decay_bound``).
+(proofs/gated-state-bound.md; ``decay_bound``); with D = 0 the variant declares ``bounded-state``
+(the catalogue reads S_t through the output), with D != 0 it does not (proofs/ssm-state-bound.md).
 
 Where fla differs (fla/ops/simple_gla/naive.py, the scalar-decay "simple GLA" that fla's Mamba2 path
 uses): layout (B, T, H, K) and g (B, T, H); the default scale is K^-1/2 (here 1.0, as in SSD); no D term
@@ -21,11 +22,13 @@ b_t - b_s when |b| is large: a strong decay followed by weak ones; gramcheck.for
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from ..forms import linear_recurrence
+from ..inputs import scalar_log_decay
 from ..state import check_initial_state, gated_scan, lift_initial_state, torch_gate_dtype, torch_with_state
 from .spec import Variant
 
@@ -47,7 +50,13 @@ def _check_g(g: Any, B: int, H: int, N: int) -> None:
         )
 
 
-def decay_bound(params: dict[str, Any], extras: dict[str, Any], n_heads: int) -> float:
+def state_tags(params: Mapping[str, Any]) -> frozenset[str]:
+    """Without the skip (D = 0) the output reads the state, o_t = s S_t^T q_t, so the catalogue's state
+    bound applies to what it reads out; with D != 0 it reads S_t plus D v_t."""
+    return frozenset({"bounded-state"}) if np.all(np.asarray(params["D"], dtype=np.float64) == 0) else frozenset()
+
+
+def decay_bound(params: Mapping[str, Any], extras: Mapping[str, Any], n_heads: int) -> float:
     """alpha_max = max exp(g): the largest one-step decay of the state."""
     return float(np.exp(np.max(np.asarray(extras["g"], dtype=np.float64))))
 
@@ -114,9 +123,12 @@ VARIANTS = [
         source="Dao & Gu 2024, Transformers are SSMs (state space duality)",
         params={"scale": 1.0, "D": 0.0, "initial_state": None, "output_final_state": False},
         forms=("chunked", "recurrent", "parallel"),
-        declares=frozenset({"causal", "causal-only", "gated"}),
+        declares=frozenset({"causal", "causal-only", "gated", "linear-in-v"}),
         reference_fn=reference,
         torch_fn=torch_forward,
-        inputs=("g",),
+        inputs=(scalar_log_decay("g"),),
+        recurrence="diagonal",
+        tags_fn=state_tags,
+        decay_fn=decay_bound,
     )
 ]

@@ -9,9 +9,11 @@ and vanishing denominators where the kernel is small (Lemma 2).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from ..featuremaps import favor, favor_causal
+from ..inputs import projection as projection_input
 from ..torch_arith import TORCH
 from .common import ref_normalised, ref_normalised_gated, torch_normalised
 from .linear import LINEAR_FORMS
@@ -63,7 +65,15 @@ def torch_forward(
     return torch_normalised(fq, fk, v, causal=causal, form=form, chunk_size=chunk_size, eps=eps)
 
 
-def _variant(kind: str, summary: str, tags: frozenset[str]) -> Variant:
+def kind_tags(params: Mapping[str, Any]) -> frozenset[str]:
+    """Positive and hyperbolic features give positive weights (rows sum to one, the row-normalisation
+    bound applies); trigonometric features give signed weights and denominators that can vanish."""
+    if params["kind"] == "trig":
+        return frozenset({"vanishing-denominator"})
+    return frozenset({"normalised-rows", "convex-hull", "row-normalisation"})
+
+
+def _variant(kind: str, summary: str) -> Variant:
     return Variant(
         name=f"performer-{kind}",
         family="performer",
@@ -79,18 +89,20 @@ def _variant(kind: str, summary: str, tags: frozenset[str]) -> Variant:
         },
         forms=LINEAR_FORMS,
         noncausal_only=("parallel",),
-        declares=tags | {"causal", "permutation-equivariant", "random-features", "denominator", "causal-rounding"},
+        declares=frozenset(
+            {"causal", "permutation-equivariant", "random-features", "denominator", "causal-rounding", "linear-in-v"}
+        ),
         reference_fn=reference,
         torch_fn=torch_forward,
-        inputs=("projection",),
+        inputs=(projection_input(),),
         features_fn=features,
+        recurrence="diagonal",
+        tags_fn=kind_tags,
     )
 
 
-_POSITIVE = frozenset({"normalised-rows", "convex-hull"})
-
 VARIANTS = [
-    _variant("positive", "FAVOR+ with positive random features exp(w.x - |x|^2/2)", _POSITIVE),
-    _variant("hyperbolic", "FAVOR+ with hyperbolic (paired exp(+-w.x)) random features", _POSITIVE),
-    _variant("trig", "FAVOR+ with trigonometric random features (weights may be negative)", frozenset()),
+    _variant("positive", "FAVOR+ with positive random features exp(w.x - |x|^2/2)"),
+    _variant("hyperbolic", "FAVOR+ with hyperbolic (paired exp(+-w.x)) random features"),
+    _variant("trig", "FAVOR+ with trigonometric random features (weights may be negative)"),
 ]

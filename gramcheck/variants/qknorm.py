@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..featuremaps import elementwise, favor, favor_causal
+from ..inputs import projection as projection_input
 from ..torch_arith import TORCH
 from . import softmax
 from .common import in_float32, ref_normalised, ref_normalised_gated, standardise, torch_normalised
@@ -105,7 +106,9 @@ def torch_performer(
 
 
 _PARAMS = {"norm": "layernorm", "tau": 1.0, "norm_eps": 1e-6}
-_TAGS = frozenset({"causal", "normalised-rows", "convex-hull", "permutation-equivariant", "qk-scale-invariant"})
+_TAGS = frozenset(
+    {"causal", "normalised-rows", "convex-hull", "permutation-equivariant", "qk-scale-invariant", "linear-in-v"}
+)
 
 VARIANTS = [
     Variant(
@@ -115,7 +118,7 @@ VARIANTS = [
         source="Henry et al. 2020 (QKNorm); LayerNorm on q, k",
         params=_PARAMS,
         forms=("parallel",),
-        declares=_TAGS | {"materialises-nxn"},
+        declares=_TAGS | {"materialises-nxn", "weight-range"},
         reference_fn=reference_softmax,
         torch_fn=torch_softmax,
     ),
@@ -131,6 +134,7 @@ VARIANTS = [
         reference_fn=reference_linear,
         torch_fn=torch_linear,
         features_fn=features_linear,
+        recurrence="diagonal",
     ),
     Variant(
         name="qknorm-performer",
@@ -143,7 +147,8 @@ VARIANTS = [
         declares=_TAGS | {"random-features", "denominator", "causal-rounding"},
         reference_fn=reference_performer,
         torch_fn=torch_performer,
-        inputs=("projection",),
+        inputs=(projection_input(),),
         features_fn=_gram_performer,
+        recurrence="diagonal",
     ),
 ]

@@ -10,12 +10,14 @@ xPos rotation of q, k is left to the caller (it is an input transformation).
 
 from __future__ import annotations
 
-import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from ..forms import linear_recurrence
+from ..hyperparams import scale_value
+from ..torch_arith import TORCH
 from .common import causal_keep, standardise
 from .spec import Variant
 
@@ -35,16 +37,26 @@ def head_gammas(n_heads: int, gamma: Any = None) -> np.ndarray:
 
 
 def reference(
-    ar: Any, q: Any, k: Any, v: Any, *, causal: bool, gamma: Any, scale: float | None, group_norm: bool, norm_eps: float
+    ar: Any, q: Any, k: Any, v: Any, *, causal: bool, gamma: Any, scale: Any, group_norm: bool, norm_eps: float
 ) -> Any:
     B, H, N, dk = q.shape
-    s = 1.0 / ar.sqrt(ar.const(dk)) if scale is None else scale
+    s = scale_value(ar, scale, dk)
     lags = np.arange(N)[:, None] - np.arange(N)[None, :]
     keep = causal_keep(N)
     log_gamma = ar.log(ar.asarray(head_gammas(H, gamma)))[:, None, None]  # (H, 1, 1)
     decay = ar.fill(ar.exp(log_gamma * ar.asarray(np.where(keep, lags, 0).astype(np.float64))), keep, 0.0)
     out = ar.matmul(ar.matmul(q, ar.mT(k)) * s * decay, v)
     return standardise(ar, out, norm_eps) if group_norm else out
+
+
+def norm_tags(params: Mapping[str, Any]) -> frozenset[str]:
+    """Without GroupNorm the output is linear in V and the state bound applies to what it reads out."""
+    return frozenset() if params["group_norm"] else frozenset({"linear-in-v", "bounded-state"})
+
+
+def largest_decay(params: Mapping[str, Any], extras: Mapping[str, Any], n_heads: int) -> float:
+    """alpha_max = max_h gamma_h."""
+    return float(head_gammas(n_heads, params["gamma"]).max())
 
 
 def torch_forward(
@@ -56,16 +68,14 @@ def torch_forward(
     form: str,
     chunk_size: int,
     gamma: Any,
-    scale: float | None,
+    scale: Any,
     group_norm: bool,
     norm_eps: float,
 ) -> Any:
     import torch
 
-    from ..torch_arith import TORCH
-
     B, H, N, dk = q.shape
-    s = 1.0 / math.sqrt(dk) if scale is None else scale
+    s = scale_value(TORCH, scale, dk)
     lg = torch.as_tensor(np.log(head_gammas(H, gamma)), dtype=torch.promote_types(q.dtype, torch.float32))
     g = lg.to(q.device).reshape(1, H, 1, 1).expand(B, H, N, 1)
     out = linear_recurrence(q * s, k, v, g, causal=True, form=form, chunk_size=chunk_size)
@@ -80,8 +90,11 @@ VARIANTS = [
         source="Sun et al. 2023, Retentive Network",
         params={"gamma": None, "scale": None, "group_norm": False, "norm_eps": 1e-5},
         forms=("chunked", "recurrent", "parallel"),
-        declares=frozenset({"causal", "causal-only", "bounded-state"}),
+        declares=frozenset({"causal", "causal-only"}),
         reference_fn=reference,
         torch_fn=torch_forward,
+        recurrence="diagonal",
+        tags_fn=norm_tags,
+        decay_fn=largest_decay,
     )
 ]

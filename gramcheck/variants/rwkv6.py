@@ -33,11 +33,13 @@ because masked_fill overwrites; a multiply-by-mask would give NaN).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from ..forms import linear_recurrence
+from ..inputs import channel_log_decay, head_channel
 from ..state import check_initial_state, lift_initial_state, torch_gate_dtype, torch_with_state
 from .spec import Variant
 
@@ -53,7 +55,7 @@ def _check_extras(g: Any, u: Any, B: int, H: int, N: int, dk: int) -> None:
         )
 
 
-def decay_bound(params: dict[str, Any], extras: dict[str, Any], n_heads: int) -> float:
+def decay_bound(params: Mapping[str, Any], extras: Mapping[str, Any], n_heads: int) -> float:
     """alpha_max = max exp(g): the largest one-step decay of the state S_t (not of the readout)."""
     return float(np.exp(np.max(np.asarray(extras["g"], dtype=np.float64))))
 
@@ -134,9 +136,11 @@ VARIANTS = [
         source="Peng et al. 2024, Eagle and Finch: RWKV with Matrix-Valued States and Dynamic Recurrence",
         params={"scale": None, "initial_state": None, "output_final_state": False},
         forms=("chunked", "recurrent", "parallel"),
-        declares=frozenset({"causal", "causal-only", "gated"}),
+        declares=frozenset({"causal", "causal-only", "gated", "linear-in-v"}),
         reference_fn=reference,
         torch_fn=torch_forward,
-        inputs=("g", "u"),
+        inputs=(channel_log_decay("g"), head_channel("u")),
+        recurrence="diagonal",
+        decay_fn=decay_bound,
     )
 ]

@@ -1,7 +1,7 @@
 """Softmax attention: O = softmax(s Q K^T) V, s = 1/sqrt(d) by default; causal masks j > i.
 
 Rows of the weight matrix are positive and sum to one, so every output lies in the convex hull of the
-values (shared/BOUNDS.md, Softmax attention).
+values (proofs/invariants.md).
 """
 
 from __future__ import annotations
@@ -9,21 +9,42 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .common import causal_keep, masked_softmax
+from ..hyperparams import scale_value
+from ..torch_arith import TORCH
+from .common import attention_matrix, causal_keep, masked_softmax
 from .spec import Variant
 
+# softmax weights: rows of a stochastic matrix, so every output is in the convex hull of the values and
+# the Jacobian bounds of proofs/jacobian-bounds.md apply with respect to q, k and v
+ROW_STOCHASTIC = frozenset({"normalised-rows", "convex-hull", "linear-in-v", "jacobian-qk"})
 
-def reference(ar: Any, q: Any, k: Any, v: Any, *, causal: bool, scale: float | None) -> Any:
-    s = 1.0 / ar.sqrt(ar.const(q.shape[-1])) if scale is None else scale
+
+def jacobian(var: Any, q: Any, k: Any, v: Any, *, causal: bool, params: Any, extras: Any) -> dict[str, float]:
+    """||dO/dV|| <= sqrt(||P||_1 ||P||_inf), ||dO/dQ||, ||dO/dK|| by the covariance bounds (one (b, h) slice)
+    for any softmax over logits s q.k (the blocked DiagAttention too: P carries its mask)."""
+    from .. import bounds
+
+    p = attention_matrix(var, q, k, causal=causal, params=params, extras=extras)[0, 0]
+    s = var.scale(params, q.shape[-1])
+    q0, k0, v0 = q[0, 0], k[0, 0], v[0, 0]
+    return {
+        "v": bounds.jacobian_v_bound(p),
+        "q": bounds.softmax_jacobian_q_bound(p, k0, v0, s),
+        "k": bounds.softmax_jacobian_k_bound(p, q0, v0, s),
+    }
+
+
+def reference(ar: Any, q: Any, k: Any, v: Any, *, causal: bool, scale: Any) -> Any:
+    s = scale_value(ar, scale, q.shape[-1])
     logits = ar.matmul(q, ar.mT(k)) * s
     keep = causal_keep(q.shape[-2]) if causal else None
     return ar.matmul(masked_softmax(ar, logits, keep), v)
 
 
-def torch_forward(q: Any, k: Any, v: Any, *, causal: bool, form: str, chunk_size: int, scale: float | None) -> Any:
+def torch_forward(q: Any, k: Any, v: Any, *, causal: bool, form: str, chunk_size: int, scale: Any) -> Any:
     import torch
 
-    s = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = scale_value(TORCH, scale, q.shape[-1])
     logits = (q @ k.transpose(-1, -2)) * s
     if causal:
         n = q.shape[-2]
@@ -40,8 +61,9 @@ VARIANTS = [
         source="Vaswani et al. 2017",
         params={"scale": None},
         forms=("parallel",),
-        declares=frozenset({"causal", "normalised-rows", "convex-hull", "permutation-equivariant", "materialises-nxn"}),
+        declares=frozenset({"causal", "permutation-equivariant", "materialises-nxn"}) | ROW_STOCHASTIC,
         reference_fn=reference,
         torch_fn=torch_forward,
+        jacobian_fn=jacobian,
     )
 ]

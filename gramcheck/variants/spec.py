@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..arith import F64
+from ..hyperparams import check_scale, scale_value
+from ..inputs import InputSpec, check_extras
 from ..validation import check_choice, check_positive_int, check_qkv
 
 # property tags a variant may declare (the property catalogue keys on them)
@@ -17,23 +19,42 @@ TAGS = (
     "normalised-rows",  # attention rows are non-negative and sum to one
     "convex-hull",  # each output lies in the convex hull of the values
     "permutation-equivariant",  # non-causal: permuting (K, V) rows together changes nothing
-    "bounded-state",  # gated recurrence with |S_t| <= max|k v^T| / (1 - alpha_max)
+    "bounded-state",  # diagonal gated recurrence with |S_t| <= max|k v^T| / (1 - alpha_max) (decay_bound)
     "qk-scale-invariant",  # output unchanged when q or k rows are scaled by positive constants
     "v-scale-invariant",  # output unchanged when v is scaled by a positive constant (output norm)
     "random-features",  # takes a random matrix ``projection`` (m, d_k)
-    "gated",  # takes log-decays ``g``
+    "gated",  # takes per-token decays
     "materialises-nxn",  # the production form is quadratic in N by definition
     "denominator",  # normalised by a data-dependent denominator phi(q_i) . sum_j phi(k_j)
+    "vanishing-denominator",  # that denominator can vanish or change sign in exact arithmetic
     "causal-rounding",  # causal in exact arithmetic; a global stabiliser lets future tokens move past
     #                     outputs by rounding (performer's key maximum over all tokens)
+    "linear-in-v",  # O = M V with M independent of V (M is the attention matrix of the spectra)
+    "jacobian-v",  # an analytic bound on ||dO/dV||_2 (jacobian_bounds)
+    "jacobian-qk",  # analytic bounds on ||dO/dQ||_2 and ||dO/dK||_2 as well
+    "weight-range",  # softmax weights of normalised q, k lie in a range set by the temperature
+    "row-normalisation",  # positive random-feature kernel estimates: row-normalisation error bound
+    "unnormalised-growth",  # no denominator: |o_i| grows at most linearly with the number of keys
+)
+RECURRENCES = (
+    "none",  # no recurrent state (softmax, blocked softmax)
+    "diagonal",  # S_t = diag(alpha_t) S_{t-1} + k_t v_t^T (gramcheck.forms)
+    "delta",  # S_t = alpha_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T (gramcheck.delta_forms)
 )
 
 
 @dataclass(frozen=True)
 class Variant:
-    """An attention variant. ``reference(ar, q, k, v, causal=..., **params)`` evaluates the definition
-    in arithmetic ``ar`` on lifted arrays; ``torch_fn(q, k, v, causal=..., form=..., chunk_size=...,
-    **params)`` is the production form. Both take the extra inputs named in ``inputs`` as keywords."""
+    """An attention variant: its hyperparameters, its extra inputs, its reference and torch forms, and
+    the answers to every per-variant question the properties ask.
+
+    ``reference_fn(ar, q, k, v, *, causal, **params, **extras)`` evaluates the definition in arithmetic
+    ``ar`` on lifted arrays; ``torch_fn(q, k, v, *, causal, form, chunk_size, **params, **extras)`` is the
+    production form. ``inputs`` describe the extra inputs (``gramcheck.inputs.InputSpec``).
+    ``declares`` are the property tags that always hold; ``tags_fn(params)`` adds those that depend on
+    the hyperparameters (e.g. no GroupNorm, no eps). ``decay_fn(params, extras, H)`` is the largest
+    decay alpha_max of a bounded-state recurrence; ``jacobian_fn(variant, q, k, v, *, causal, params,
+    extras)`` the analytic Jacobian bounds of one (b, h) slice."""
 
     name: str
     family: str
@@ -44,17 +65,35 @@ class Variant:
     declares: frozenset[str]
     reference_fn: Callable[..., Any] = field(repr=False)
     torch_fn: Callable[..., Any] = field(repr=False)
-    inputs: tuple[str, ...] = ()
+    inputs: tuple[InputSpec, ...] = ()
     noncausal_only: tuple[str, ...] = ()  # forms that exist only without the causal mask
     # (ar, q, k, **params, **extras) -> (phi(Q), phi(K)): the Gram factors, for variants that have them
     features_fn: Callable[..., Any] | None = field(default=None, repr=False)
+    recurrence: str = "none"
+    tags_fn: Callable[[Mapping[str, Any]], frozenset[str]] | None = field(default=None, repr=False)
+    decay_fn: Callable[[Mapping[str, Any], Mapping[str, Any], int], float] | None = field(default=None, repr=False)
+    jacobian_fn: Callable[..., dict[str, float]] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         unknown = set(self.declares) - set(TAGS)
         if unknown:
             raise ValueError(f"declares: unknown tags {sorted(unknown)}; expected a subset of {TAGS}")
+        check_choice("recurrence", self.recurrence, RECURRENCES)
+        if "scale" in self.params:
+            check_scale(self.params["scale"])
 
     # --------------------------------------------------------------------------------------------
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.inputs)
+
+    def input(self, name: str) -> InputSpec:
+        """The spec of extra input ``name``."""
+        for s in self.inputs:
+            if s.name == name:
+                return s
+        raise ValueError(f"input: got {name!r}; variant {self.name!r} takes {self.input_names or '(none)'}")
+
     def resolve_params(self, overrides: Mapping[str, Any]) -> dict[str, Any]:
         """Defaults updated by ``overrides``; an unknown name is a ValueError naming it."""
         unknown = set(overrides) - set(self.params)
@@ -63,15 +102,56 @@ class Variant:
                 f"{sorted(unknown)[0]}: not a hyperparameter of variant {self.name!r}; "
                 f"expected one of {sorted(self.params) or '(none)'}"
             )
+        if "scale" in overrides:
+            check_scale(overrides["scale"])
         return {**self.params, **overrides}
 
-    def _split(self, kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-        extras = {k: kwargs[k] for k in self.inputs if k in kwargs}
-        missing = [k for k in self.inputs if extras.get(k) is None]
+    def tags(self, params: Mapping[str, Any] | None = None) -> frozenset[str]:
+        """The property tags that hold with hyperparameters ``params`` (defaults where not given)."""
+        p = self.resolve_params(params or {})
+        extra = self.tags_fn(p) if self.tags_fn is not None else frozenset()
+        unknown = set(extra) - set(TAGS)
+        if unknown:
+            raise ValueError(f"tags_fn: unknown tags {sorted(unknown)}; expected a subset of {TAGS}")
+        tags = self.declares | extra
+        return tags | {"jacobian-v"} if "linear-in-v" in tags else tags
+
+    def scale(self, params: Mapping[str, Any], d: int) -> float:
+        """The value of the ``scale`` hyperparameter for head dimension d (1 when the variant has none)."""
+        return float(scale_value(F64, params.get("scale", 1.0), d))
+
+    def decay_bound(self, params: Mapping[str, Any], extras: Mapping[str, Any], n_heads: int) -> float | None:
+        """alpha_max, the largest decay of a bounded-state recurrence on these inputs (None: no decay)."""
+        return None if self.decay_fn is None else float(self.decay_fn(self.resolve_params(params), extras, n_heads))
+
+    def jacobian_bounds(
+        self, q: Any, k: Any, v: Any, *, causal: bool, params: Mapping[str, Any], extras: Mapping[str, Any]
+    ) -> dict[str, float]:
+        """Analytic bounds on ||dO/dX||_2 (X in q, k, v) for one (b, h) slice of shape (1, 1, N, d)
+        (proofs/jacobian-bounds.md); only the inputs with a derived bound appear."""
+        p = self.resolve_params(params)
+        if self.jacobian_fn is not None:
+            return self.jacobian_fn(self, q, k, v, causal=causal, params=p, extras=extras)
+        if "linear-in-v" not in self.tags(p):
+            return {}
+        from ..bounds import jacobian_v_bound
+        from .common import attention_matrix
+
+        return {"v": jacobian_v_bound(attention_matrix(self, q, k, causal=causal, params=p, extras=extras)[0, 0])}
+
+    def split_kwargs(self, kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        names = self.input_names
+        extras = {k: kwargs[k] for k in names if k in kwargs}
+        missing = [k for k in names if extras.get(k) is None]
         if missing:
             raise ValueError(f"{missing[0]}: required by variant {self.name!r} and missing")
-        params = self.resolve_params({k: v for k, v in kwargs.items() if k not in self.inputs})
+        params = self.resolve_params({k: v for k, v in kwargs.items() if k not in names})
         return params, extras
+
+    def _check(self, q: Any, k: Any, v: Any, extras: Mapping[str, Any], m: int | None = None) -> None:
+        B, H, N, dk, dv = check_qkv(q, k, v)
+        dims = {"B": B, "H": H, "N": N, "dk": dk, "dv": dv}
+        check_extras(self.inputs, extras, dims, like=q)
 
     def forms_for(self, causal: bool) -> tuple[str, ...]:
         """The torch forms available in this mode."""
@@ -84,9 +164,9 @@ class Variant:
     def reference(self, q: Any, k: Any, v: Any, *, causal: bool = False, arith: Any = F64, **kwargs: Any) -> Any:
         """Evaluate the definition on float64 NumPy inputs in arithmetic ``arith``; returns that
         arithmetic's array (an ndarray for F64 and MP, a Ball for the ball arithmetics)."""
-        params, extras = self._split(kwargs)
+        params, extras = self.split_kwargs(kwargs)
         self.check_causal(causal)
-        check_qkv(q, k, v, **extras)
+        self._check(q, k, v, extras)
         return _evaluate(self.reference_fn, arith, (q, k, v), params, extras, causal=causal)
 
     def features(self, q: Any, k: Any, *, arith: Any = F64, **kwargs: Any) -> tuple[Any, Any]:
@@ -94,8 +174,8 @@ class Variant:
         (unmasked, unnormalised) Gram matrix, evaluated in ``arith`` on float64 inputs."""
         if self.features_fn is None:
             raise ValueError(f"variant: {self.name!r} has no feature map (its Gram matrix has no rank-m factors)")
-        params, extras = self._split(kwargs)
-        check_qkv(q, k, k, **extras)
+        params, extras = self.split_kwargs(kwargs)
+        self._check(q, k, k, extras)
         return _evaluate(self.features_fn, arith, (q, k), params, extras)
 
     def torch(
@@ -110,7 +190,7 @@ class Variant:
         **kwargs: Any,
     ) -> Any:
         """The torch form ``form`` (default: the first listed) in the inputs' dtype and device."""
-        params, extras = self._split(kwargs)
+        params, extras = self.split_kwargs(kwargs)
         self.check_causal(causal)
         form = self.forms[0] if form is None else check_choice("form", form, self.forms)
         if form not in self.forms_for(causal):
@@ -119,7 +199,7 @@ class Variant:
                 f"expected one of {self.forms_for(causal)} with causal=True"
             )
         check_positive_int("chunk_size", chunk_size)
-        check_qkv(q, k, v, **extras)
+        self._check(q, k, v, extras)
         return self.torch_fn(q, k, v, causal=causal, form=form, chunk_size=chunk_size, **params, **extras)
 
     def describe(self) -> dict[str, Any]:
@@ -130,8 +210,9 @@ class Variant:
             "source": self.source,
             "params": dict(self.params),
             "forms": list(self.forms),
-            "declares": sorted(self.declares),
-            "inputs": list(self.inputs),
+            "declares": sorted(self.tags()),
+            "inputs": [f"{s.name} {s.layout}" for s in self.inputs],
+            "recurrence": self.recurrence,
         }
 
 

@@ -20,10 +20,13 @@ import numpy as np
 
 from ..featuremaps import elementwise
 from ..forms import linear_recurrence
+from ..hyperparams import scale_value
 from ..torch_arith import TORCH
 from ..validation import check_positive_int
 from .common import causal_keep, kernel_matrix, masked_softmax, rms_normalise
 from .linear import LINEAR_FORMS, features
+from .softmax import ROW_STOCHASTIC
+from .softmax import jacobian as softmax_jacobian
 from .spec import Variant
 
 NORMS = ("rmsnorm", "srmsnorm")
@@ -63,6 +66,17 @@ def torch_norm(
     return _output_norm(TORCH, u, norm, gain, norm_eps)
 
 
+def jacobian_norm(var: Any, q: Any, k: Any, v: Any, *, causal: bool, params: Any, extras: Any) -> dict[str, float]:
+    """||dO/dV||_2 <= g max_i sqrt(d_v) / r_i ||A||_2 through the output norm (one (b, h) slice)."""
+    from ..bounds import normattention_jacobian_v_bound
+
+    fq, fk = var.features(q, k, **params)
+    a = fq[0, 0] @ fk[0, 0].T
+    a = np.tril(a) if causal else a
+    gain = float(params["gain"]) if params["norm"] == "rmsnorm" else 1.0
+    return {"v": normattention_jacobian_v_bound(a, v[0, 0], gain=gain, eps=float(params["norm_eps"]))}
+
+
 # DiagAttention ------------------------------------------------------------------------------------
 def block_keep(n: int, block_size: int, causal: bool) -> np.ndarray:
     """(N, N) mask of the pairs in the same diagonal block (and j <= i when causal)."""
@@ -71,25 +85,25 @@ def block_keep(n: int, block_size: int, causal: bool) -> np.ndarray:
     return keep & causal_keep(n) if causal else keep
 
 
-def reference_diag(ar: Any, q: Any, k: Any, v: Any, *, causal: bool, block_size: int, scale: float | None) -> Any:
-    s = 1.0 / ar.sqrt(ar.const(q.shape[-1])) if scale is None else scale
+def reference_diag(ar: Any, q: Any, k: Any, v: Any, *, causal: bool, block_size: int, scale: Any) -> Any:
+    s = scale_value(ar, scale, q.shape[-1])
     logits = ar.matmul(q, ar.mT(k)) * s
     return ar.matmul(masked_softmax(ar, logits, block_keep(q.shape[-2], block_size, causal)), v)
 
 
 def torch_diag(
-    q: Any, k: Any, v: Any, *, causal: bool, form: str, chunk_size: int, block_size: int, scale: float | None
+    q: Any, k: Any, v: Any, *, causal: bool, form: str, chunk_size: int, block_size: int, scale: Any
 ) -> Any:
     """Blocked computation: O(N w d) work, never N x N."""
     import torch
 
-    from ..forms import _pad_chunks
+    from ..forms import pad_chunks
 
     check_positive_int("block_size", block_size)
     n = q.shape[-2]
     w = block_size
-    s = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    qb, kb, vb = _pad_chunks(q, w), _pad_chunks(k, w), _pad_chunks(v, w)
+    s = scale_value(TORCH, scale, q.shape[-1])
+    qb, kb, vb = pad_chunks(q, w), pad_chunks(k, w), pad_chunks(v, w)
     logits = (qb @ kb.transpose(-1, -2)) * s  # (B, H, nb, w, w)
     pos = torch.arange(qb.shape[2] * w, device=q.device).reshape(-1, 1, w)
     keep = pos < n  # padded keys get no weight
@@ -127,10 +141,12 @@ VARIANTS = [
         params={"feature": "elu1", "norm": "srmsnorm", "gain": 1.0, "norm_eps": 1e-6},
         forms=LINEAR_FORMS,
         noncausal_only=("parallel",),
-        declares=frozenset({"causal", "permutation-equivariant", "v-scale-invariant"}),
+        declares=frozenset({"causal", "permutation-equivariant", "v-scale-invariant", "jacobian-v"}),
         reference_fn=reference_norm,
         torch_fn=torch_norm,
         features_fn=features,
+        recurrence="diagonal",
+        jacobian_fn=jacobian_norm,
     ),
     Variant(
         name="transnormer-diag",
@@ -139,9 +155,10 @@ VARIANTS = [
         source="Qin et al. 2022, The Devil in Linear Transformer",
         params={"block_size": 64, "scale": None},
         forms=("parallel",),
-        declares=frozenset({"causal", "normalised-rows", "convex-hull"}),
+        declares=frozenset({"causal"}) | ROW_STOCHASTIC,
         reference_fn=reference_diag,
         torch_fn=torch_diag,
+        jacobian_fn=softmax_jacobian,
     ),
     Variant(
         name="gram-diag-subtracted",
@@ -151,9 +168,10 @@ VARIANTS = [
         params={"feature": "elu1", "tau": 1.0},
         forms=LINEAR_FORMS,
         noncausal_only=("parallel",),
-        declares=frozenset({"causal"}),
+        declares=frozenset({"causal", "linear-in-v"}),
         reference_fn=reference_diag_subtracted,
         torch_fn=torch_diag_subtracted,
         features_fn=features,
+        recurrence="diagonal",
     ),
 ]
