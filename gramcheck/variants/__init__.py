@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import builtins
 
-from . import deltanet, gla, linear, performer, qknorm, retnet, softmax, transnormer
+from . import based, deltanet, gla, lightning, linear, mamba2, performer, qknorm, retnet, rwkv6, softmax, transnormer
 from .spec import TAGS, Variant
 
 _REGISTRY: dict[str, Variant] = {}
-for _module in (softmax, linear, performer, qknorm, transnormer, gla, retnet, deltanet):
+_MODULES = (softmax, linear, performer, qknorm, transnormer, gla, retnet, deltanet, mamba2, rwkv6, lightning, based)
+for _module in _MODULES:
     for _v in _module.VARIANTS:
         _REGISTRY[_v.name] = _v
 

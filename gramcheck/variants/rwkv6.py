@@ -1,0 +1,146 @@
+"""RWKV-6 "Finch" time mixing (Peng et al. 2024, "Eagle and Finch").
+
+    o_t = (s r_t)^T (S_{t-1} + diag(u) k_t v_t^T),   S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T,   S_0 = 0
+
+with per-channel data-dependent log-decays g (B, H, N, d_k) <= 0 (fla's ``w``; the paper's w_t =
+exp(-exp(x))), the bonus u (H, d_k) for the current token, receptance r (= q, (B, H, N, d_k)) and
+s = ``scale`` (default d_k^-1/2, fla's default; RWKV-6 layers call the kernel with scale 1.0). The state
+enters exclusively: o_t sees the decays of the tokens before t, the current token only through u:
+o_t = sum_{s<t} (s r_t * exp(b_{t-1} - b_s)) . k_s v_s + (s r_t * u . k_t) v_t, b_t = sum_{r<=t} g_r.
+
+Torch forms without dividing by a decay: S_{t-1} is the state at t of the same gated recurrence run on the
+inputs shifted by one token, k'_t = k_{t-1}, v'_t = v_{t-1}, g'_t = g_{t-1} (k'_1 = v'_1 = g'_1 = 0):
+S'_t = exp(g_{t-1}) S_{t-2} + k_{t-1} v_{t-1}^T = S_{t-1}. So o_t = gramcheck.forms.linear_recurrence(
+s r, k', v', g') + (s r_t * u . k_t) v_t, and every form (parallel, recurrent, chunked) keeps its decays as
+exp(b'_t - b'_s) with t >= s: no exponent is positive. A form that gets the exclusive decay by dividing the
+inclusive one, exp(b_t) / exp(g_t), or that factors exp(b_{t-1} - b_s) as exp(b_{t-1}) exp(-b_s), overflows
+once a cumulative decay passes -88 in float32 (the bug fla's chunked RWKV-6 had at a chunk's first
+position); tests/test_new_variants.py shows such a form failing where these pass. State passing:
+``initial_state`` S_0 enters o_t as (s r_t * exp(b_{t-1}))^T S_0, the final state is S_N
+(gramcheck.state). |S_t| <= max_s |k_s||v_s|^T / (1 - alpha_max) with alpha_max = max exp(g)
+(proofs/gated-state-bound.md), but o_t reads S_{t-1} plus the bonus, so the catalogue's state-bound
+property (which reads S_t through unit queries) does not apply: ``bounded-state`` is not declared and the
+bound is tested on the final state.
+
+Where fla differs (fla/ops/rwkv6/recurrent_naive.py ``naive_recurrent_rwkv6``, chunk_naive.py
+``naive_chunk_rwkv6``): same formula and layout (B, H, T, K), u (H, K); both compute in float32 whatever
+the input dtype. naive_chunk_rwkv6 needs T to be a multiple of its chunk size, takes no scale (none is
+applied) and forms the intra-chunk scores as exp(b_{t-1} - b_s) for every pair, masking afterwards: above
+the diagonal the exponent is positive and can overflow to inf before the mask replaces it (harmless there
+because masked_fill overwrites; a multiply-by-mask would give NaN).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ..forms import linear_recurrence
+from ..inputs import channel_log_decay, head_channel
+from ..state import check_initial_state, lift_initial_state, torch_gate_dtype, torch_with_state
+from .spec import Variant
+
+
+def _check_extras(g: Any, u: Any, B: int, H: int, N: int, dk: int) -> None:
+    if tuple(g.shape) != (B, H, N, dk):
+        raise ValueError(
+            f"g: got shape {tuple(g.shape)}; expected per-channel log-decays (B, H, N, d_k) = ({B}, {H}, {N}, {dk})"
+        )
+    if tuple(u.shape) != (H, dk):
+        raise ValueError(
+            f"u: got shape {tuple(u.shape)}; expected the bonus per head and channel (H, d_k) = ({H}, {dk})"
+        )
+
+
+def decay_bound(params: Mapping[str, Any], extras: Mapping[str, Any], n_heads: int) -> float:
+    """alpha_max = max exp(g): the largest one-step decay of the state S_t (not of the readout)."""
+    return float(np.exp(np.max(np.asarray(extras["g"], dtype=np.float64))))
+
+
+def reference(
+    ar: Any,
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    causal: bool,
+    g: Any,
+    u: Any,
+    scale: float | None,
+    initial_state: Any,
+    output_final_state: bool,
+) -> Any:
+    """The definition, one token at a time from S_0 (arithmetic-generic)."""
+    B, H, N, dk = q.shape
+    _check_extras(g, u, B, H, N, dk)
+    check_initial_state(initial_state, B, H, dk, v.shape[-1])
+    s = 1.0 / ar.sqrt(ar.const(dk)) if scale is None else scale
+    r = q * s
+    alpha = ar.exp(g)
+    bonus = u[None, :, :, None]  # (1, H, d_k, 1)
+    state = ar.zeros((B, H, dk, v.shape[-1])) if initial_state is None else lift_initial_state(ar, initial_state)
+    outs = []
+    for t in range(N):
+        kv = k[:, :, t, :, None] * v[:, :, t, None, :]
+        outs.append(ar.matmul(r[:, :, t, None, :], state + bonus * kv)[:, :, 0, :])
+        state = alpha[:, :, t, :, None] * state + kv
+    out = ar.stack(outs, axis=2)
+    return (out, state) if output_final_state else out
+
+
+def shift_one(x: Any) -> Any:
+    """x_{t-1} along the token axis (-2), zero at t = 1: (B, H, N, e) -> (B, H, N, e)."""
+    import torch
+
+    return torch.cat([x.new_zeros(*x.shape[:-2], 1, x.shape[-1]), x[..., :-1, :]], dim=-2)
+
+
+def torch_forward(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    causal: bool,
+    form: str,
+    chunk_size: int,
+    g: Any,
+    u: Any,
+    scale: float | None,
+    initial_state: Any,
+    output_final_state: bool,
+) -> Any:
+    B, H, N, dk = q.shape
+    _check_extras(g, u, B, H, N, dk)
+    check_initial_state(initial_state, B, H, dk, v.shape[-1])
+    r = q * (1.0 / math.sqrt(dk) if scale is None else scale)
+    g_prev = shift_one(g)
+    out = linear_recurrence(r, shift_one(k), shift_one(v), g_prev, causal=True, form=form, chunk_size=chunk_size)
+    current = (r * u.to(r.dtype)[None, :, None, :] * k).sum(-1, keepdim=True) * v
+    out = out + current
+    if initial_state is None and not output_final_state:
+        return out
+    gd = torch_gate_dtype(g)
+    return torch_with_state(
+        out, r, k, v, g_prev.to(gd).cumsum(-2), g.to(gd).cumsum(-2), initial_state, output_final_state
+    )
+
+
+VARIANTS = [
+    Variant(
+        name="rwkv6",
+        family="rwkv",
+        summary="RWKV-6: per-channel data-dependent decay, exclusive state, bonus u for the current token",
+        source="Peng et al. 2024, Eagle and Finch: RWKV with Matrix-Valued States and Dynamic Recurrence",
+        params={"scale": None, "initial_state": None, "output_final_state": False},
+        forms=("chunked", "recurrent", "parallel"),
+        declares=frozenset({"causal", "causal-only", "gated", "linear-in-v"}),
+        reference_fn=reference,
+        torch_fn=torch_forward,
+        inputs=(channel_log_decay("g"), head_channel("u")),
+        recurrence="diagonal",
+        decay_fn=decay_bound,
+    )
+]
