@@ -42,6 +42,7 @@ class InputSpec:
     high: float = math.inf
     differentiable: bool = True
     summary: str = ""
+    broadcast: tuple[str, ...] = ()  # axes that may also have size 1 (one decay shared by every channel)
 
     def __post_init__(self) -> None:
         unknown = [a for a in self.axes if a not in AXES]
@@ -69,7 +70,10 @@ class InputSpec:
     def check(self, x: Any, dims: Mapping[str, int]) -> None:
         """Shape, dtype kind, finiteness and range; ValueError naming the input otherwise."""
         check_array(self.name, x, ndim=len(self.axes), layout=self.layout)
-        expected = tuple(dims[a] if a in dims else s for a, s in zip(self.axes, x.shape, strict=True))
+        expected = tuple(
+            s if a not in dims or (a in self.broadcast and s == 1) else dims[a]
+            for a, s in zip(self.axes, x.shape, strict=True)
+        )
         if tuple(x.shape) != expected:
             raise ValueError(f"{self.name}: got shape {tuple(x.shape)}; expected {expected} = {self.layout}")
         if bool((x < self.low).any()) or bool((x > self.high).any()):
@@ -182,10 +186,11 @@ def draw_projection(rng: np.random.Generator, shape: tuple[int, ...], regime: st
 # the standard specs
 # --------------------------------------------------------------------------------------------------
 def channel_log_decay(name: str = "g") -> InputSpec:
-    """Per-token, per-channel log-decays (B, H, N, d_k) <= 0 (GLA, RWKV-6's w)."""
+    """Per-token, per-channel log-decays (B, H, N, d_k) <= 0 (GLA, RWKV-6's w); (B, H, N, 1) shares one
+    decay across the channels (fla's simple GLA)."""
     return InputSpec(
         name, ("B", "H", "N", "dk"), draw_log_decay, DECAY_REGIMES[:4], "moderate", high=0.0,
-        summary="log-decays <= 0",
+        summary="log-decays <= 0", broadcast=("dk",),
     )
 
 

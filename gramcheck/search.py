@@ -46,7 +46,7 @@ class Domain:
 
     N is drawn with weight on the boundaries of ``chunks`` (c - 1, c, c + 1, 2c - 1, 2c, 2c + 1) and d
     with weight on head sizes 16, 32, 64, 128, under ``budget`` on B * H * N * d (d shrinks first, then
-    N, never below min_d / min_n). ``gates`` fixes the decay regimes of gated variants (strategies.GATES:
+    N, never below min_d / min_n). ``gates`` fixes the decay regimes of gated variants (inputs.DECAY_REGIMES:
     'extreme' reaches exp(-100) per token); ``grad_max_n`` sets the sequence length of the gradient
     properties (each has its own cap otherwise)."""
 
@@ -85,10 +85,10 @@ class Domain:
             raise ValueError(f"domain.chunks: got {self.chunks!r}; expected positive integer chunk sizes")
         object.__setattr__(self, "chunks", chunks)
         if self.gates is not None:
-            from .strategies import GATES
+            from .inputs import DECAY_REGIMES
 
             for g in self.gates:
-                check_choice("domain.gates", g, GATES)
+                check_choice("domain.gates", g, DECAY_REGIMES)
             object.__setattr__(self, "gates", tuple(self.gates))
 
     def resolved(self, profile_name: str) -> Domain:

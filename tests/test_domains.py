@@ -56,7 +56,7 @@ def test_domain_fixes_head_size_and_chunks():
 @given(S.attention_inputs("gla", kinds=["gaussian"], min_n=64, max_n=64, max_d=4, gate_regimes=["extreme"]))
 def test_extreme_gates_span_more_than_126_binary_orders_per_chunk(ex):
     g = ex.extras["g"]
-    assert ex.meta["gate"] == "extreme" and g.min() >= -100 and g.max() <= 0
+    assert ex.meta["regimes"]["g"] == "extreme" and g.min() >= -100 and g.max() <= 0
     assert np.all(g[:, :, :64].sum(axis=2) / math.log(2) < -126)
 
 
