@@ -33,7 +33,8 @@ def make_target(
     timeout: float | None = 60.0,
     form: str | None = None,
 ) -> Target:
-    """A Target from a callable, 'module:attr' or 'builtin:NAME' (``variant`` defaults to NAME)."""
+    """A Target from a callable, 'module:attr', 'builtin:NAME' (``variant`` defaults to NAME) or 'fla:OP'
+    (fla's Triton op OP; ``variant`` defaults to the op's first variant, ``params`` to the op's own)."""
     if isinstance(target, Target):
         return target
     fn, name = resolve(target)
@@ -50,6 +51,14 @@ def make_target(
         t = builtin(name, form=form, dtype=dtype, **(params or {}))
         t.device, t.timeout = device, timeout
         return t
+    if isinstance(target, str) and target.startswith("fla:"):
+        from .adapters import fla_kernels
+
+        bound, var_name, merged = fla_kernels.bind(target.split(":", 1)[1], variant, params)
+        return Target(
+            bound, _variants.get(var_name), dtype=dtype_name(dtype), device=device, params=merged, name=target,
+            timeout=timeout,
+        )  # fmt: skip
     if variant is None:
         raise ValueError("variant: got None; expected the name of the variant the target implements")
     label = target_spec(target)

@@ -201,12 +201,15 @@ def npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
 # --------------------------------------------------------------------------------------------------
 # building
 # --------------------------------------------------------------------------------------------------
-ENVIRONMENT_KEYS = ("python", "numpy", "mpmath", "torch", "hypothesis")
+ENVIRONMENT_KEYS = ("python", "numpy", "mpmath", "torch", "hypothesis", "fla", "triton", "triton_interpreter")
+FLA_KERNEL_SPECS = ("fla:", "gramcheck.adapters.fla_kernels:")
 
 
-def environment(device: str, dtype: str) -> dict[str, Any]:
+def environment(device: str, dtype: str, *, target_spec: str = "") -> dict[str, Any]:
     """Versions that can change results (python, numpy, mpmath, torch, hypothesis: the example stream is
-    a function of the seed and the Hypothesis version) and the device and dtype checked."""
+    a function of the seed and the Hypothesis version), the device and dtype checked; for a target that
+    runs fla's Triton kernels (``target_spec`` starting with one of FLA_KERNEL_SPECS) also fla, triton
+    and triton_interpreter."""
     import hypothesis
     import mpmath
 
@@ -224,6 +227,10 @@ def environment(device: str, dtype: str) -> dict[str, Any]:
         env["torch"] = torch.__version__
     except ImportError:  # pragma: no cover
         env["torch"] = None
+    if target_spec.startswith(FLA_KERNEL_SPECS):
+        from .adapters import fla_kernels
+
+        env.update(fla_kernels.environment())
     return env
 
 
@@ -390,7 +397,7 @@ def from_report(
         "variant": report.variant,
         "params": report.params,
         "causal": report.causal,
-        "environment": environment(report.device, report.dtype),
+        "environment": environment(report.device, report.dtype, target_spec=target_spec),
         "domain": report.domain,
         "profile": report.profile,
         "seed": report.seed,

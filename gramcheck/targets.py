@@ -498,15 +498,21 @@ def builtin(
 
 
 def resolve(spec: Any) -> tuple[Callable[..., Any], str | None]:
-    """A callable, 'module:attr', or 'builtin:NAME' -> (callable or None for builtin, builtin name)."""
+    """A callable, 'module:attr', 'builtin:NAME' or 'fla:OP' -> (callable or None for builtin, builtin
+    name). 'fla:OP' is flash-linear-attention's Triton op OP through ``gramcheck.adapters.fla_kernels``
+    (the adapter before its hyperparameters are bound; ``api.make_target`` binds them)."""
     if callable(spec):
         return spec, None
     if not isinstance(spec, str) or ":" not in spec:
-        raise ValueError(f"target: got {spec!r}; expected a callable, 'module:attr' or 'builtin:NAME'")
+        raise ValueError(f"target: got {spec!r}; expected a callable, 'module:attr', 'builtin:NAME' or 'fla:OP'")
     mod, attr = spec.split(":", 1)
     if mod == "builtin":
         _variants.get(attr)  # validates the name
         return None, attr  # type: ignore[return-value]
+    if mod == "fla":
+        from .adapters import fla_kernels
+
+        return fla_kernels.get(attr).fn, None
     try:
         obj: Any = importlib.import_module(mod)
     except ImportError as exc:

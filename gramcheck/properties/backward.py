@@ -173,9 +173,7 @@ def smooth_definition(variant: Any, causal: bool, params: dict[str, Any]) -> boo
     """The definition's gradient is well conditioned wherever it exists: no denominator can vanish (relu
     and trig features excluded: near a vanishing denominator the gradient of the definition itself loses
     every digit, and normaliser-margin reports those inputs)."""
-    from .conditioning import vanishing_denominator
-
-    return not vanishing_denominator(variant, causal, params)
+    return "vanishing-denominator" not in variant.tags(params)
 
 
 NORMALISING = ("denominator", "qk-scale-invariant", "v-scale-invariant")
@@ -186,7 +184,7 @@ def term_sizes_known(variant: Any, causal: bool, params: dict[str, Any]) -> bool
     that ``gradient_terms`` is the size of every gradient entry's terms (or an upper estimate of it)
     and the floor of the rule is sound; normalised forms need the adjoint's own rounding model
     (proofs/backward-agreement.md, route 1)."""
-    return smooth_definition(variant, causal, params) and not (set(NORMALISING) & set(variant.declares))
+    return smooth_definition(variant, causal, params) and not (set(NORMALISING) & variant.tags(params))
 
 
 @guarded("backward-agreement")
@@ -200,7 +198,7 @@ def backward_agreement(target: Target, ex: AttentionInputs, *, causal: bool) -> 
     rng = _rng(ex, "backward")
     w = round_to(rng.standard_normal(ex.v.shape), target.dtype)
     ws = None
-    stateful = causal and "state-passing" in target.variant.declares and target.passes_state
+    stateful = causal and "state-passing" in target.variant.tags(target.params) and target.passes_state
     if stateful and not target.params.get("group_norm"):
         arrays["initial_state"] = initial_state_of(target, ex, "backward-state")
         ws = round_to(rng.standard_normal(arrays["initial_state"].shape), target.dtype)

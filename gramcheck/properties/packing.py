@@ -66,7 +66,7 @@ def packing(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding | N
         return None
     cu = cu_seqlens_of(ex, n)
     segs = [_segment(ex, int(a), int(b)) for a, b in zip(cu[:-1], cu[1:], strict=True)]
-    stateful = "state-passing" in target.variant.declares and target.passes_state
+    stateful = "state-passing" in target.variant.tags(target.params) and target.passes_state
     s0s = [initial_state_of(target, s, f"pack{i}") for i, s in enumerate(segs)] if stateful else None
     opts: dict[str, Any] = {"output_final_state": True} if stateful else {}
     packed = target.run(

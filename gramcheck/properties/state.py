@@ -33,7 +33,7 @@ CHUNKS = (16, 64)  # chunk sizes whose boundaries the split point aims at (fla's
 def state_passing(variant: Any, causal: bool, params: dict[str, Any]) -> bool:
     """Applicability: causal, a variant with a recurrent state, and no output norm (GroupNorm is applied
     to the output, not the state, and does not propagate a state error linearly)."""
-    return causal and "state-passing" in variant.declares and not params.get("group_norm")
+    return causal and "state-passing" in variant.tags(params) and not params.get("group_norm")
 
 
 def _not_declared(name: str, target: Target) -> Finding:

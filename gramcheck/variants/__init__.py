@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import builtins
 
-from . import gla, linear, performer, qknorm, retnet, softmax, transnormer
+from . import deltanet, gla, linear, performer, qknorm, retnet, softmax, transnormer
 from .spec import TAGS, Variant
 
 _REGISTRY: dict[str, Variant] = {}
-for _module in (softmax, linear, performer, qknorm, transnormer, gla, retnet):
+for _module in (softmax, linear, performer, qknorm, transnormer, gla, retnet, deltanet):
     for _v in _module.VARIANTS:
         _REGISTRY[_v.name] = _v
 

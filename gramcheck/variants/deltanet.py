@@ -1,0 +1,222 @@
+"""The delta rule: DeltaNet (Schlag et al. 2021; Yang et al. 2024, "Parallelizing Linear Transformers
+with the Delta Rule over Sequence Length") and Gated DeltaNet (Yang, Kautz, Hatamizadeh 2025).
+
+    S_t = alpha_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T,   o_t = S_t^T (s q_t),
+    S_t in R^{d_k x d_v},  S_0 = initial_state (zero by default),
+
+with write strengths beta (B, H, N) in [0, 2] and, for ``gated-deltanet``, scalar log-decays
+g = log alpha (B, H, N) <= 0 (one per head and token); ``deltanet`` is alpha = 1. beta outside [0, 2]
+is accepted (the definition holds, the contractive bounds do not); g > 0 is rejected. Parameters:
+s = ``scale`` (None: d_k^-1/2); ``l2norm`` (True): q and k are replaced by
+x / sqrt(sum x^2 + l2norm_eps) inside the variant, as fla's ``use_qk_l2norm_in_kernel``.
+
+With |k_t| <= 1 and beta_t in [0, 2] every transition I - beta_t k_t k_t^T has spectral norm <= 1, so
+|S_t|_F <= sum_{s<=t} (prod_{s<r<=t} alpha_r) beta_s |k_s| |v_s|; beta > 2 or |k| > 1 make it expansive
+with rate |1 - beta |k|^2| per token; the chunked form's triangular system has an entrywise bounded
+inverse in the same regime (proofs/delta-rule.md, gramcheck.bounds_delta).
+
+Against flash-linear-attention (fla-core 0.6.0):
+* layout: fla's kernels and ``naive_*_gated_delta_rule`` take (B, T, H, D) and beta, g (B, T, H);
+  ``delta_rule/naive.py`` takes (B, H, T, D). gramcheck uses (B, H, N, D) and (B, H, N).
+* l2norm: fla computes x * rsqrt(sum x^2 + 1e-6) in float32 (``fla.modules.l2norm``); gramcheck uses
+  the same formula and epsilon (``l2norm_eps``, default 1e-6) in the reference arithmetic, and in at
+  least float32 in the torch forms. With eps > 0 a zero key stays zero (|k| < 1 slightly otherwise).
+  fla's naive references do not normalise at all (they expect normalised inputs): compare with
+  l2norm=False there.
+* scale: fla's kernels default to d_k^-1/2 as here; ``delta_rule_recurrence`` and
+  ``delta_rule_chunkwise`` hard-code d_k^-1/2 (no scale argument).
+* precision: ``delta_rule_recurrence`` and the gated naive functions cast to float32 whatever the input
+  dtype; ``delta_rule_chunkwise`` computes in the input dtype (float64 stays float64), requires N
+  divisible by the chunk size and takes no initial state.
+* order: fla applies the decay first and then the delta update, h <- alpha h; h <- h + k (beta (v - h^T k))^T,
+  which is exactly alpha (I - beta k k^T) h + beta k v^T as here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ..delta_forms import delta_rule
+from ..hyperparams import scale_value
+from ..inputs import InputSpec, scalar_log_decay
+from .spec import Variant
+
+BETA_REGIMES = ("uniform", "sigmoid", "edge")
+
+
+def l2_normalise(ar: Any, x: Any, eps: float) -> Any:
+    """x / sqrt(sum_i x_i^2 + eps) over the last axis (fla's l2norm)."""
+    return x / ar.sqrt(ar.sum(x * x, axis=-1, keepdims=True) + eps)
+
+
+def reference(
+    ar: Any,
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    causal: bool,
+    beta: Any,
+    g: Any = None,
+    scale: Any,
+    l2norm: bool,
+    l2norm_eps: float,
+    initial_state: Any = None,
+    output_final_state: bool = False,
+) -> Any:
+    """The definition, token by token: S_t = alpha_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T,
+    written as S_t = alpha_t S_{t-1} + beta_t k_t (v_t - alpha_t S_{t-1}^T k_t)^T (the same expression,
+    without the d_k x d_k matrix), o_t = S_t^T (s q_t). q, k (B, H, N, d_k), v (B, H, N, d_v),
+    beta, g (B, H, N); returns o (B, H, N, d_v), or (o, S_N) when ``output_final_state``."""
+    B, H, N, dk = q.shape
+    s = scale_value(ar, scale, dk)
+    if l2norm:
+        q, k = l2_normalise(ar, q, l2norm_eps), l2_normalise(ar, k, l2norm_eps)
+    q = q * s
+    state = ar.zeros((B, H, dk, v.shape[-1])) if initial_state is None else initial_state
+    alpha = None if g is None else ar.exp(g)
+    outs = []
+    for t in range(N):
+        if alpha is not None:
+            state = alpha[:, :, t, None, None] * state
+        kt = k[:, :, t]
+        delta = beta[:, :, t, None] * (v[:, :, t] - ar.matmul(kt[:, :, None, :], state)[:, :, 0, :])
+        state = state + kt[:, :, :, None] * delta[:, :, None, :]
+        outs.append(ar.matmul(q[:, :, t, None, :], state)[:, :, 0, :])
+    out = ar.stack(outs, axis=2)
+    return (out, state) if output_final_state else out
+
+
+def torch_forward(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    causal: bool,
+    form: str,
+    chunk_size: int,
+    beta: Any,
+    g: Any = None,
+    scale: Any,
+    l2norm: bool,
+    l2norm_eps: float,
+    initial_state: Any = None,
+    output_final_state: bool = False,
+) -> Any:
+    """The torch forms of gramcheck.delta_forms (``chunked``: WY / UT representation; ``recurrent``),
+    after the l2 normalisation (in at least float32) and the scale."""
+    import torch
+
+    from ..torch_arith import TORCH
+
+    dtype = q.dtype
+    acc = torch.promote_types(dtype, torch.float32)
+    qa, ka = q.to(acc), k.to(acc)
+    if l2norm:
+        qa, ka = l2_normalise(TORCH, qa, l2norm_eps), l2_normalise(TORCH, ka, l2norm_eps)
+    res = delta_rule(
+        qa * scale_value(TORCH, scale, q.shape[-1]),
+        ka,
+        v,
+        beta,
+        g,
+        form=form,
+        chunk_size=chunk_size,
+        initial_state=initial_state,
+        output_final_state=output_final_state,
+    )
+    if output_final_state:
+        return res[0].to(dtype), res[1]
+    return res.to(dtype)
+
+
+# --------------------------------------------------------------------------------------------------
+# input draws (for the strategies): write strengths, and inputs outside the contractive regime
+# --------------------------------------------------------------------------------------------------
+def draw_beta(rng: np.random.Generator, shape: tuple[int, ...], regime: str = "uniform") -> np.ndarray:
+    """Write strengths in [0, 2]: ``uniform`` on [0, 2]; ``sigmoid`` in (0, 1) (fla's usual
+    beta = sigmoid(x)); ``edge``: each entry 0, 1 or 2 exactly (erase-nothing, overwrite, reflect)."""
+    if regime == "uniform":
+        return rng.uniform(0.0, 2.0, shape)
+    if regime == "sigmoid":
+        return 1.0 / (1.0 + np.exp(-rng.standard_normal(shape)))
+    if regime == "edge":
+        return rng.choice(np.array([0.0, 1.0, 2.0]), size=shape)
+    raise ValueError(f"regime: got {regime!r}; expected one of {BETA_REGIMES}")
+
+
+def expansive_inputs(
+    rng: np.random.Generator, B: int, H: int, N: int, d: int, *, mode: str = "beta", gated: bool = False
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, np.ndarray], dict[str, Any]]:
+    """(q, k, v, extras, params) outside the contractive regime, where the state grows geometrically:
+    one repeated key per head and values of alternating sign, so every update adds to the state.
+
+    ``mode="beta"``: unit keys (l2norm=True) and beta = 2.5: the transition's eigenvalue along k is
+    1 - 2.5 = -1.5 (growth 1.5 per token). ``mode="norm"``: keys of norm 1.5 with l2norm=False and
+    beta = 1: eigenvalue 1 - 2.25 = -1.25. ``gated`` adds g = log(0.999) (still expansive)."""
+    if mode not in ("beta", "norm"):
+        raise ValueError(f"mode: got {mode!r}; expected 'beta' or 'norm'")
+    key = rng.standard_normal((B, H, 1, d))
+    key /= np.linalg.norm(key, axis=-1, keepdims=True)
+    k = np.repeat(key, N, axis=2)
+    sign = np.where(np.arange(N) % 2 == 0, 1.0, -1.0)[None, None, :, None]
+    v = sign * np.abs(rng.standard_normal((B, H, 1, d)))
+    q = k.copy()
+    if mode == "beta":
+        extras = {"beta": np.full((B, H, N), 2.5)}
+        params: dict[str, Any] = {"l2norm": True}
+    else:
+        k = 1.5 * k
+        extras = {"beta": np.ones((B, H, N))}
+        params = {"l2norm": False}
+    if gated:
+        extras["g"] = np.full((B, H, N), math.log(0.999))
+    return q, k, v, extras, params
+
+
+_PARAMS = {"scale": None, "l2norm": True, "l2norm_eps": 1e-6}
+# beta beyond 2 is accepted (the expansive regime is evaluated, not refused); the draws stay in [0, 2]
+BETA = InputSpec(
+    "beta", ("B", "H", "N"), draw_beta, BETA_REGIMES, "uniform", low=0.0, summary="write strengths >= 0"
+)
+_TAGS = frozenset({"causal", "causal-only", "linear-in-v", "state-passing"})
+
+
+def l2norm_tags(params: Mapping[str, Any]) -> frozenset[str]:
+    """With q and k l2-normalised inside, positive row scalings of q or k change nothing (beyond eps)."""
+    return frozenset({"qk-scale-invariant"}) if params["l2norm"] else frozenset()
+
+VARIANTS = [
+    Variant(
+        name="deltanet",
+        family="delta-rule",
+        summary="delta rule S_t = (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T, l2-normalised q, k",
+        source="Yang et al. 2024, Parallelizing Linear Transformers with the Delta Rule over Sequence Length",
+        params=dict(_PARAMS),
+        forms=("chunked", "recurrent"),
+        declares=_TAGS,
+        reference_fn=reference,
+        torch_fn=torch_forward,
+        inputs=(BETA,),
+        recurrence="delta",
+        tags_fn=l2norm_tags,
+    ),
+    Variant(
+        name="gated-deltanet",
+        family="delta-rule",
+        summary="gated delta rule, scalar decay alpha_t = exp(g_t) per head and token",
+        source="Yang, Kautz, Hatamizadeh 2025, Gated Delta Networks: Improving Mamba2 with Delta Rule",
+        params=dict(_PARAMS),
+        forms=("chunked", "recurrent"),
+        declares=_TAGS | {"gated"},
+        reference_fn=reference,
+        torch_fn=torch_forward,
+        inputs=(scalar_log_decay("g"), BETA),
+        recurrence="delta",
+        tags_fn=l2norm_tags,
+    ),
+]
