@@ -140,7 +140,7 @@ def test_a_strong_gate_gives_finite_gradients_equal_to_the_recurrent_ones(form, 
     """g = -0.1 except one token at `strong` (beyond the factoring limit of the dtype's chunk: 22 nats
     in float32, 177 in float64): the factored branch that torch.where discards must stay finite, or its
     backward is 0 * inf = NaN while the forward is finite. The gradients must also be the recurrent
-    form's (same float64 arithmetic up to rounding, so 1e-10 apart; float32 to 1e-4 of them)."""
+    form's, and so must the outputs (float64: 1e-10 apart; float32: within 1e-4)."""
     from gramcheck.forms import linear_recurrence
 
     gen = torch.Generator().manual_seed(3)
@@ -148,16 +148,18 @@ def test_a_strong_gate_gives_finite_gradients_equal_to_the_recurrent_ones(form, 
     for pos in (0, 7, 19):
         g = torch.full((1, 1, 20, width), -0.1, dtype=torch.float64)
         g[:, :, pos] = strong
-        grads = []
+        grads, outs = [], []
         for f, dt in ((form, dtype), ("recurrent", torch.float64)):
             leaves = [x.detach().to(dt).clone().requires_grad_(True) for x in (*base, g)]
             out = linear_recurrence(*leaves, causal=True, form=f, chunk_size=chunk_size)
             assert out.isfinite().all()
             (out * torch.linspace(-1, 1, out.numel(), dtype=dt).reshape(out.shape)).sum().backward()
             grads.append([x.grad for x in leaves])
+            outs.append(out.detach().double())
+        tol = 1e-10 if dtype == torch.float64 else 1e-4
+        torch.testing.assert_close(*outs, rtol=tol, atol=tol)
         for name, got, want in zip("qkvg", *grads, strict=True):
             assert got.isfinite().all(), f"{form} d{name} not finite (strong gate at token {pos})"
-            tol = 1e-10 if dtype == torch.float64 else 1e-4
             torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol, msg=f"{form} d{name}, token {pos}")
 
 
