@@ -154,7 +154,7 @@ def check(
     dom = domain if isinstance(domain, Domain) else Domain(**(domain or {}))
     for k in dom.kinds or ():
         check_choice("domain.kinds", k, KINDS)
-    dom.resolved(profile).check_memory(var, budget=memory_budget)
+    dom.resolved(profile).check_memory(var, budget=memory_budget)  # the sizes the profile will draw
     props = select_properties(var, causal, dict(t.params), t.dtype, properties)
     report = Report(
         t.name,

@@ -17,9 +17,18 @@ and, on request, the final state S_N (non-causal: S_0 + K^T V). Three forms comp
   t >= s inside a chunk and as the decay from a chunk's start or to its end, all with non-positive
   exponents: nothing overflows however long the sequence or strong the decay. Per-channel decays inside
   a chunk use secondary chunking (``_channel_decayed_intra``): sub-blocks of SUB_BLOCK tokens, the
-  factored q_t exp(b_t - b_r) . k_s exp(b_r - b_s) with a reference token r per sub-block, the exact
-  per-pair form only in a sub-block whose decay is too strong to factor; memory O(N d) for
+  factored q_t exp(b_t - b_r) . k_s exp(b_r - b_s) with the sub-block's first token as the reference r,
+  the exact per-pair form only in the rows past a decay too strong to factor; memory O(N d) for
   chunk_size >= d_k (the (C, C, d_k) decay tensor is never built).
+
+Every form is bit-exactly causal: the output of token t depends on no later token, not even in its
+rounding. So no quantity for row t may be computed from later tokens: a factorisation's reference is
+a token <= t (a middle reference token, as the sub-blocks once used, rounded row t differently when
+later gates changed), and the choice between factored and per-pair arithmetic is made per row from
+tokens <= t, never per chunk or sub-block. Where a row is computed per pair, the factored entries that
+torch.where discards have their exponents clamped to the factoring limit before exp, so they stay
+finite: where's backward gives them a zero gradient, and 0 * inf would be NaN (a gate of -91 once
+made the chunked gradients NaN with a finite forward).
 
 Gate cumulative sums are accumulated in float64 and the states S (sums over up to N tokens) in at least
 float32 (fla's kernels use float32 for both; float32 cumulative gates lost accuracy in our tests, see
@@ -142,17 +151,24 @@ def _decayed_scores(q: Any, k: Any, bq: Any, bk: Any, mask: Any) -> Any:
 
 
 def _scalar_decay(bt: Any, bs: Any, mask: Any) -> Any:
-    """exp(b_t - b_s) on the mask, 0 above, for one decay channel: shapes (..., T, 1), (..., S, 1) ->
-    (..., T, S). Factored as exp(b_t) exp(-b_s) in float64 (T + S exponentials instead of T S; two
-    roundings of 2^-53) where the exponents stay within _factor_limit(float64) = 177 of zero; the rest
-    (a decay of more than 177 nats in one chunk) exactly per pair."""
+    """exp(b_t - b_s) on the causal mask, 0 above, for one decay channel: shapes (..., N, 1) for the
+    same N tokens (bt = bs = b) -> (..., N, N). Factored as exp(b_t) exp(-b_s) in float64 (2 N
+    exponentials instead of N^2; two roundings of 2^-53) in the rows t whose exponents b_t and -b_s
+    (s <= t) stay within _factor_limit(float64) = 177 of zero; the other rows (a decay of more than 177
+    nats) exactly per pair. The choice is per row, from b_0..b_t alone, so that row t does not depend
+    on later tokens (bit-exact causality); the factored exponents are clamped to the limit so that the
+    unused factored entries stay finite (their backward would otherwise be 0 * inf = NaN)."""
     torch = _torch()
     bt, bs = bt[..., 0], bs[..., 0]
     limit = _factor_limit(torch.float64)
-    ok = (bt.abs().amax(-1) <= limit) & (bs.abs().amax(-1) <= limit)  # per chunk (leading dims)
-    if bt.dtype != torch.float64 or not bool(ok.all()):
+    if bt.dtype != torch.float64:
         return (bt.unsqueeze(-1) - bs.unsqueeze(-2)).masked_fill(~mask, -float("inf")).exp()
-    return (bt.exp().unsqueeze(-1) * (-bs).exp().unsqueeze(-2)).masked_fill_(~mask, 0.0)
+    factored = bt.clamp(-limit, limit).exp().unsqueeze(-1) * (-bs).clamp(-limit, limit).exp().unsqueeze(-2)
+    row_ok = (bt.abs() <= limit) & (bs.abs().cummax(-1).values <= limit)
+    if not bool(row_ok.all()):
+        pairs = (bt.unsqueeze(-1) - bs.unsqueeze(-2)).masked_fill(~mask, -float("inf")).exp()
+        factored = torch.where(row_ok.unsqueeze(-1), factored, pairs)
+    return factored.masked_fill(~mask, 0.0)
 
 
 def parallel(q: Any, k: Any, v: Any, g: Any = None, *, causal: bool) -> Any:
@@ -262,15 +278,22 @@ def _chunked(q: Any, k: Any, v: Any, g: Any, causal: bool, c: int, s0: Any) -> t
 
 def _scalar_decayed_scores(qc: Any, q_in: Any, kc: Any, bl: Any, mask: Any) -> Any:
     """Masked A_ts = q_t . k_s exp(b_t - b_s) inside every chunk for one decay channel, from
-    q_in = q_t exp(b_t) (b from the chunk's start, <= 0): A = q_in (k exp(-b))^T, whose key factor is
-    at most exp(span), span = -b at the chunk's end. Chunks with span > _factor_limit (a decay too
-    strong to factor in this dtype) are computed per pair (``_decayed_scores``)."""
+    q_in = q_t exp(b_t) (b from the chunk's start, <= 0): A = q_in (k exp(-b))^T, whose key factors in
+    row t are at most exp(-b_t). Rows with -b_t > _factor_limit (a decay too strong to factor in this
+    dtype) are computed per pair (``_decayed_scores``). The choice is per row (the rows past the first
+    strong decay of a chunk), never per chunk, so that row t does not depend on later tokens; the key
+    factor's exponent is clamped to the limit so that the unused factored entries stay finite (their
+    backward would otherwise be 0 * inf = NaN)."""
     torch = _torch()
     acc = q_in.dtype
-    scores = torch.where(mask, q_in @ (kc.to(acc) * (-bl).exp().to(acc)).transpose(-1, -2), 0.0)
-    bad = (-bl[..., -1, 0] > _factor_limit(acc)).nonzero(as_tuple=True)
+    limit = _factor_limit(acc)
+    k_fac = kc.to(acc) * (-bl).clamp(max=limit).exp().to(acc)
+    scores = torch.where(mask, q_in @ k_fac.transpose(-1, -2), 0.0)
+    row_bad = -bl[..., 0] > limit  # (B, H, nc, C)
+    bad = row_bad.any(-1).nonzero(as_tuple=True)
     if bad[0].numel():
-        scores[bad] = _decayed_scores(qc[bad].to(acc), kc[bad].to(acc), bl[bad], bl[bad], mask)
+        pairs = _decayed_scores(qc[bad].to(acc), kc[bad].to(acc), bl[bad], bl[bad], mask)
+        scores[bad] = torch.where(row_bad[bad].unsqueeze(-1), pairs, scores[bad])
     return scores
 
 
@@ -282,8 +305,8 @@ def _channel_decayed_intra(qc: Any, kc: Any, vc: Any, bl: Any, mask: Any) -> Any
         q_tc exp(b_tc - b_ac) . k_sc exp(b_ac - b_sc),   both exponents <= 0 (b is non-increasing),
 
     so neither factor can overflow and their product is exp(b_tc - b_sc) to two roundings. Inside the
-    sub-block (``_diagonal_scores``) the reference is its middle token, exact per pair where the decay
-    across the sub-block is too strong to factor."""
+    sub-block (``_diagonal_scores``) the reference is its first token, exact per pair in the rows past a
+    decay too strong to factor."""
     acc = _acc_dtype(qc)
     C = qc.shape[-2]
     sb = min(SUB_BLOCK, C)
@@ -307,21 +330,26 @@ _PAIR_BATCH = 1 << 22  # elements of the per-pair decay tensor built at once in 
 
 def _diagonal_scores(q: Any, k: Any, b: Any, mask: Any) -> Any:
     """Masked A_ts = sum_c q_tc k_sc exp(b_tc - b_sc) inside one sub-block of every chunk, shapes
-    (..., s, d_k) -> (..., s, s). Factored about the middle token m: exp(b_t - b_m) and exp(b_m - b_s)
-    lie within exp(+-span), span = max(b_0 - b_m, b_m - b_last) per channel; where span exceeds
-    ``_factor_limit`` (a decay too strong to factor) that sub-block is computed per pair, exactly as the
-    definition, in batches of at most _PAIR_BATCH decay entries."""
+    (..., s, d_k) -> (..., s, s). Factored about the sub-block's first token 0: q_t exp(b_t - b_0)
+    (exponent <= 0) . k_u exp(b_0 - b_u), whose key factors in row t are at most exp(rise_t),
+    rise_t = max_c (b_0c - b_tc). Rows with rise_t > ``_factor_limit`` (a decay too strong to factor)
+    are computed per pair, exactly as the definition, in batches of at most _PAIR_BATCH decay entries.
+    The reference and the choice depend only on tokens <= t, so row t does not depend on later tokens
+    (bit-exact causality); the key factor's exponent is clamped to the limit so that the unused
+    factored entries stay finite (their backward would otherwise be 0 * inf = NaN)."""
     torch = _torch()
     s = q.shape[-2]
-    bm = b[..., s // 2 : s // 2 + 1, :]
-    qf = q * (b - bm).exp().to(q.dtype)
-    kf = k * (bm - b).exp().to(q.dtype)
-    scores = torch.where(mask, qf @ kf.transpose(-1, -2), 0.0)  # entries above the diagonal may be inf
-    span = torch.maximum(b[..., 0, :] - bm[..., 0, :], bm[..., 0, :] - b[..., -1, :]).amax(-1)
-    bad = (span > _factor_limit(q.dtype)).nonzero(as_tuple=True)
+    limit = _factor_limit(q.dtype)
+    rise = b[..., :1, :] - b  # >= 0, non-decreasing along the sub-block
+    qf = q * (-rise).exp().to(q.dtype)
+    kf = k * rise.clamp(max=limit).exp().to(q.dtype)
+    scores = torch.where(mask, qf @ kf.transpose(-1, -2), 0.0)
+    row_bad = rise.amax(-1) > limit  # (..., s)
+    bad = row_bad.any(-1).nonzero(as_tuple=True)
     if bad[0].numel():
         step = max(1, _PAIR_BATCH // (s * s * q.shape[-1]))
         for i in range(0, bad[0].numel(), step):
             idx = tuple(ix[i : i + step] for ix in bad)
-            scores[idx] = _decayed_scores(q[idx], k[idx], b[idx], b[idx], mask)
+            pairs = _decayed_scores(q[idx], k[idx], b[idx], b[idx], mask)
+            scores[idx] = torch.where(row_bad[idx].unsqueeze(-1), pairs, scores[idx])
     return scores
