@@ -172,7 +172,7 @@ def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
         # the order check runs them in: as requested, else the catalogue's
         order = {n: i for i, n in enumerate(merged.get("requested") or _properties.names())}
         merged["properties"] = [entries[k] for k in sorted(entries, key=lambda n: (order.get(n, len(order)), n))]
-        merged["passed"] = all(e["verdict"] == "pass" for e in merged["properties"])
+        merged["passed"] = all(e["verdict"] != "fail" for e in merged["properties"])
         merged.pop("content_hash", None)
         merged["content_hash"] = content_hash(merged)
         (directory / f"{slug}.json").write_text(canonical_json(merged), encoding="utf-8")

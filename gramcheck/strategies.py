@@ -231,7 +231,8 @@ def _qkv(draw: Any, kind: str, B: int, H: int, N: int, d: int, dv: int, dtype: s
         q, k = g(shape) * scale, g(shape) * scale
         for x in (q, k):
             neg = rng.random(N) < draw(st.floats(0.0, 1.0))
-            x[:, :, neg] = -(1.0 + np.abs(x[:, :, neg]))  # every entry of these rows below -scale < -17
+            neg[rng.integers(N)] = True  # at least one such row in q and in k
+            x[:, :, neg] = -(scale + np.abs(x[:, :, neg]))  # every entry of these rows below -scale < -17
         q, k = (np.clip(x, -60.0, 60.0) for x in (q, k))
         meta.update(scale=scale)
         return q, k, g(vshape), meta
