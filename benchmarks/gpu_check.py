@@ -1,4 +1,4 @@
-"""The device check, prepared for a session that is lent a GPU (one short run; see benchmarks/RESULTS.md):
+"""The device check, prepared for a machine with a GPU (one short run; see benchmarks/RESULTS.md):
 
     python benchmarks/gpu_check.py --out $OUT/gpu.json
 

@@ -1,4 +1,4 @@
-"""The device check of flash-linear-attention's Triton kernels, prepared for a session lent a GPU (one
+"""The device check of flash-linear-attention's Triton kernels, prepared for a machine with a GPU (one
 short run; the table goes to benchmarks/RESULTS.md):
 
     python benchmarks/gpu_check_fla.py --out $OUT/fla_gpu.md [--examples 4] [--ops chunk_gla,...]

@@ -43,6 +43,7 @@ class InputSpec:
     differentiable: bool = True
     summary: str = ""
     broadcast: tuple[str, ...] = ()  # axes that may also have size 1 (one decay shared by every channel)
+    on_request: tuple[str, ...] = ()  # regimes drawn only when a domain names them (outside the contract)
 
     def __post_init__(self) -> None:
         unknown = [a for a in self.axes if a not in AXES]

@@ -46,8 +46,9 @@ class Domain:
 
     N is drawn with weight on the boundaries of ``chunks`` (c - 1, c, c + 1, 2c - 1, 2c, 2c + 1) and d
     with weight on head sizes 16, 32, 64, 128, under ``budget`` on B * H * N * d (d shrinks first, then
-    N, never below min_d / min_n). ``gates`` fixes the decay regimes of gated variants (inputs.DECAY_REGIMES:
-    'extreme' reaches exp(-100) per token); ``grad_max_n`` sets the sequence length of the gradient
+    N, never below min_d / min_n). ``gates`` fixes the regimes of the variant's extra inputs (the regimes
+    their InputSpecs name, e.g. decays: 'extreme' reaches exp(-100) per token; the delta rule's write
+    strengths: 'expansive' beta in (2, 3]); ``grad_max_n`` sets the sequence length of the gradient
     properties (each has its own cap otherwise)."""
 
     kinds: tuple[str, ...] | None = None
@@ -85,10 +86,11 @@ class Domain:
             raise ValueError(f"domain.chunks: got {self.chunks!r}; expected positive integer chunk sizes")
         object.__setattr__(self, "chunks", chunks)
         if self.gates is not None:
-            from .inputs import DECAY_REGIMES
+            from . import variants as _variants
 
+            known = sorted({r for v in _variants.list() for s in v.inputs for r in (*s.regimes, *s.on_request)})
             for g in self.gates:
-                check_choice("domain.gates", g, DECAY_REGIMES)
+                check_choice("domain.gates", g, tuple(known))
             object.__setattr__(self, "gates", tuple(self.gates))
 
     def resolved(self, profile_name: str) -> Domain:

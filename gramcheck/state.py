@@ -68,15 +68,6 @@ def check_initial_state(s0: Any, B: int, H: int, dk: int, dv: int) -> None:
         raise ValueError(f"initial_state: contains NaN or Inf (shape {shape}); expected finite values")
 
 
-def lift_initial_state(ar: Any, s0: Any) -> Any:
-    """S_0 (NumPy or torch, any float dtype) as an array of ``ar`` (exact: float64 values)."""
-    if s0 is None:
-        return None
-    if type(s0).__module__.startswith("torch"):
-        s0 = s0.detach().cpu().double().numpy()
-    return ar.asarray(np.asarray(s0, dtype=np.float64))
-
-
 # --------------------------------------------------------------------------------------------------
 # torch side
 # --------------------------------------------------------------------------------------------------

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 
 from .inputs import draw_extras
@@ -66,6 +66,11 @@ KINDS = (
 )
 HEAD_SIZES = (16, 32, 64, 128)  # production head sizes, drawn with weight when the domain reaches them
 
+# Hypothesis's ``explain`` phase traces every line the shrunk failure runs (sys.settrace) to report
+# which branches it took: on an mpmath escalation that is a 10-100x slowdown and the report says nothing a
+# Finding does not; gramcheck runs every other phase.
+PHASES = (Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink)
+
 # Hypothesis settings profiles. ``ci``: 25 examples; ``thorough``: 400. Both are seeded, not derandomised:
 # gramcheck's search applies ``@seed(seed)``, so the examples are a function of the seed (derandomize=True
 # would take the seed from the test function's source and ignore ``seed``); no example database (the same
@@ -73,6 +78,7 @@ HEAD_SIZES = (16, 32, 64, 128)  # production head sizes, drawn with weight when 
 PROFILES: dict[str, settings] = {
     "ci": settings(
         max_examples=25,
+        phases=PHASES,
         derandomize=False,
         database=None,
         deadline=None,
@@ -81,6 +87,7 @@ PROFILES: dict[str, settings] = {
     ),
     "thorough": settings(
         max_examples=400,
+        phases=PHASES,
         derandomize=False,
         database=None,
         deadline=None,
@@ -325,7 +332,8 @@ def attention_inputs(
     dims = {"B": B, "H": H, "N": N, "dk": d, "dv": dv, "m": 2 * d if m is None else m}
     regimes: dict[str, str] = {}
     for spec in var.inputs if var is not None else ():
-        allowed = tuple(r for r in spec.regimes if not gate_regimes or r in gate_regimes) or spec.regimes
+        known = spec.regimes + spec.on_request
+        allowed = tuple(r for r in known if gate_regimes and r in gate_regimes) or spec.regimes
         regimes[spec.name] = gate if gate in spec.regimes else draw(st.sampled_from(allowed))
         extras.update(draw_extras((spec,), dims, dtype=dt, seed=draw(_SEEDS), regimes=regimes))
     if regimes:

@@ -3,7 +3,6 @@ definition's; backwards that drop the scale on dv or a decay factor on dk fail w
 agreement; the definition evaluated in the target's own dtype (the rule's naive reference) measures at
 about 1/2 (the rule is nearly tight for it)."""
 
-import numpy as np
 import pytest
 import torch
 from broken import gla_dk_missing_decay, retnet_dv_missing_scale
@@ -70,8 +69,8 @@ def test_applies_to_unnormalised_forms():
 def test_float64_targets_are_left_to_gradcheck():
     r = check("builtin:softmax", causal=True, dtype="float64", properties=["backward-agreement"], domain=DOMAIN)
     f = r.findings[0]
-    assert f.passed and "gradcheck" in f.details["skipped"]
-    assert torch.get_default_dtype() == torch.float32 and np.isfinite(f.measured)
+    assert f.verdict == "skipped" and "gradcheck" in f.details["skipped"]
+    assert r.passed and torch.get_default_dtype() == torch.float32
 
 
 @pytest.mark.parametrize("form", ["chunked", "recurrent", "parallel"])

@@ -523,3 +523,29 @@ def test_builtin_passes_its_catalogue(name):
     rep = check(f"builtin:{name}", causal=True, dtype="float32", domain={"max_n": 16, "max_d": 8})
     failed = [f for f in rep.findings if not f.passed]
     assert rep.findings and not failed, failed
+
+
+def test_a_domain_can_ask_for_expansive_write_strengths():
+    """The strategies reach beta > 2 (outside the contractive regime) when the domain names it, and on such
+    inputs the unit-key state bound is exceeded while the general bound (growth max(1, |1 - beta|)) holds."""
+    from hypothesis import HealthCheck, given, settings
+
+    from gramcheck import bounds_delta
+    from gramcheck.strategies import attention_inputs
+
+    seen = []
+
+    @settings(max_examples=10, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(attention_inputs("deltanet", kinds=["gaussian"], max_n=12, max_d=4, gate_regimes=["expansive"]))
+    def draw(ex):
+        seen.append(ex)
+
+    draw()
+    assert seen and all(np.all(ex.extras["beta"] > 2) for ex in seen)
+    rng = np.random.default_rng(5)
+    q, k, v, ex, params = expansive_inputs(rng, 1, 1, 16, 4)
+    state = V.get("deltanet").reference(q, k, v, causal=True, output_final_state=True, **ex, **params)[1]
+    norm = float(np.linalg.norm(state[0, 0]))
+    kn = k / np.linalg.norm(k, axis=-1, keepdims=True)
+    assert norm > 5 * float(bounds_delta.unit_key_state_bound(v, np.minimum(ex["beta"], 2.0))[0, 0, -1])
+    assert norm <= float(bounds_delta.state_norm_bound(kn, v, ex["beta"])[0, 0, -1]) * (1 + 1e-12)

@@ -122,7 +122,9 @@ def test_reference_passes(name):
 
 
 BROKEN = [
-    (performer_without_stabiliser, "performer-positive", False, "float32", "agreement", {"kinds": ["outliers"]}),
+    # small: the unstabilised features overflow, and every shrink step then escalates the oracle to mpmath
+    (performer_without_stabiliser, "performer-positive", False, "float32", "agreement",
+     {"kinds": ["outliers"], "max_n": 24, "max_d": 8}),
     (softmax_leaking_one_future_token, "softmax", True, "float32", "causality", None),
     (linear_with_huge_eps, "linear-elu", False, "float32", "rows-sum-to-one", None),
     (linear_with_detached_features, "linear-elu", False, "float32", "gradcheck", None),

@@ -138,8 +138,11 @@ def torch_forward(
 # input draws (for the strategies): write strengths, and inputs outside the contractive regime
 # --------------------------------------------------------------------------------------------------
 def draw_beta(rng: np.random.Generator, shape: tuple[int, ...], regime: str = "uniform") -> np.ndarray:
-    """Write strengths in [0, 2]: ``uniform`` on [0, 2]; ``sigmoid`` in (0, 1) (fla's usual
-    beta = sigmoid(x)); ``edge``: each entry 0, 1 or 2 exactly (erase-nothing, overwrite, reflect)."""
+    """Write strengths: ``uniform`` on [0, 2]; ``sigmoid`` in (0, 1) (fla's usual beta = sigmoid(x));
+    ``edge``: each entry 0, 1 or 2 exactly (erase-nothing, overwrite, reflect); ``expansive`` (drawn
+    only when a domain asks for it): in (2, 3], where the transition along k_t has |1 - beta| > 1."""
+    if regime == "expansive":
+        return 3.0 - rng.uniform(0.0, 0.95, shape)
     if regime == "uniform":
         return rng.uniform(0.0, 2.0, shape)
     if regime == "sigmoid":
@@ -179,9 +182,11 @@ def expansive_inputs(
 
 
 _PARAMS = {"scale": None, "l2norm": True, "l2norm_eps": 1e-6}
-# beta beyond 2 is accepted (the expansive regime is evaluated, not refused); the draws stay in [0, 2]
+# beta beyond 2 is accepted (the expansive regime is evaluated, not refused); draws stay in [0, 2] unless
+# a domain asks for the "expansive" regime
 BETA = InputSpec(
-    "beta", ("B", "H", "N"), draw_beta, BETA_REGIMES, "uniform", low=0.0, summary="write strengths >= 0"
+    "beta", ("B", "H", "N"), draw_beta, BETA_REGIMES, "uniform", low=0.0, summary="write strengths >= 0",
+    on_request=("expansive",),
 )
 _TAGS = frozenset({"causal", "causal-only", "linear-in-v", "state-passing"})
 

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from ..forms import linear_recurrence
-from ..state import check_initial_state, gated_scan, lift_initial_state, torch_gate_dtype, torch_with_state
+from ..state import gated_scan, torch_gate_dtype, torch_with_state
 from .spec import Variant
 
 
@@ -60,15 +60,14 @@ def reference(
     scale: float | None,
     layer_idx: int,
     num_layers: int,
-    initial_state: Any,
-    output_final_state: bool,
+    initial_state: Any = None,
+    output_final_state: bool = False,
 ) -> Any:
     """The definition, one token at a time from S_0 (arithmetic-generic)."""
     B, H, N, dk = q.shape
-    check_initial_state(initial_state, B, H, dk, v.shape[-1])
     lg = np.broadcast_to(log_decays(H, layer_idx, num_layers)[:, None, None], (B, H, N, 1))
     s = 1.0 / ar.sqrt(ar.const(dk)) if scale is None else scale
-    out, state = gated_scan(ar, q * s, k, v, ar.asarray(lg), lift_initial_state(ar, initial_state))
+    out, state = gated_scan(ar, q * s, k, v, ar.asarray(lg), initial_state)
     return (out, state) if output_final_state else out
 
 
@@ -83,13 +82,12 @@ def torch_forward(
     scale: float | None,
     layer_idx: int,
     num_layers: int,
-    initial_state: Any,
-    output_final_state: bool,
+    initial_state: Any = None,
+    output_final_state: bool = False,
 ) -> Any:
     import torch
 
     B, H, N, dk = q.shape
-    check_initial_state(initial_state, B, H, dk, v.shape[-1])
     lg = torch.as_tensor(log_decays(H, layer_idx, num_layers), dtype=torch_gate_dtype(q), device=q.device)
     g = lg.reshape(1, H, 1, 1).expand(B, H, N, 1)
     qs = q * _scale(scale, dk)
@@ -106,9 +104,9 @@ VARIANTS = [
         family="ssm",
         summary="Lightning Attention-2: fixed per-head decay from fla's slope schedule",
         source="Qin et al. 2024, Lightning Attention-2 (TransNormerLLM)",
-        params={"scale": None, "layer_idx": 0, "num_layers": 2, "initial_state": None, "output_final_state": False},
+        params={"scale": None, "layer_idx": 0, "num_layers": 2},
         forms=("chunked", "recurrent", "parallel"),
-        declares=frozenset({"causal", "causal-only", "linear-in-v"}),
+        declares=frozenset({"causal", "causal-only", "linear-in-v", "state-passing"}),
         reference_fn=reference,
         torch_fn=torch_forward,
         recurrence="diagonal",

@@ -29,7 +29,7 @@ import numpy as np
 
 from ..forms import linear_recurrence
 from ..inputs import scalar_log_decay
-from ..state import check_initial_state, gated_scan, lift_initial_state, torch_gate_dtype, torch_with_state
+from ..state import gated_scan, torch_gate_dtype, torch_with_state
 from .spec import Variant
 
 
@@ -71,14 +71,13 @@ def reference(
     g: Any,
     scale: float,
     D: Any,
-    initial_state: Any,
-    output_final_state: bool,
+    initial_state: Any = None,
+    output_final_state: bool = False,
 ) -> Any:
     """The definition, one token at a time from S_0 (arithmetic-generic)."""
     B, H, N, dk = q.shape
     _check_g(g, B, H, N)
-    check_initial_state(initial_state, B, H, dk, v.shape[-1])
-    out, state = gated_scan(ar, q * scale, k, v, g[..., None], lift_initial_state(ar, initial_state))
+    out, state = gated_scan(ar, q * scale, k, v, g[..., None], initial_state)
     skip = head_skip(H, D)
     if np.any(skip != 0):
         out = out + ar.asarray(skip[:, None, None]) * v
@@ -96,14 +95,13 @@ def torch_forward(
     g: Any,
     scale: float,
     D: Any,
-    initial_state: Any,
-    output_final_state: bool,
+    initial_state: Any = None,
+    output_final_state: bool = False,
 ) -> Any:
     import torch
 
     B, H, N, dk = q.shape
     _check_g(g, B, H, N)
-    check_initial_state(initial_state, B, H, dk, v.shape[-1])
     qs = q * scale
     out = linear_recurrence(qs, k, v, g[..., None], causal=True, form=form, chunk_size=chunk_size)
     skip = head_skip(H, D)
@@ -121,9 +119,9 @@ VARIANTS = [
         family="ssm",
         summary="Mamba2 SSD: scalar data-dependent decay per head and token, optional D skip",
         source="Dao & Gu 2024, Transformers are SSMs (state space duality)",
-        params={"scale": 1.0, "D": 0.0, "initial_state": None, "output_final_state": False},
+        params={"scale": 1.0, "D": 0.0},
         forms=("chunked", "recurrent", "parallel"),
-        declares=frozenset({"causal", "causal-only", "gated", "linear-in-v"}),
+        declares=frozenset({"causal", "causal-only", "gated", "linear-in-v", "state-passing"}),
         reference_fn=reference,
         torch_fn=torch_forward,
         inputs=(scalar_log_decay("g"),),

@@ -40,7 +40,7 @@ import numpy as np
 
 from ..forms import linear_recurrence
 from ..inputs import channel_log_decay, head_channel
-from ..state import check_initial_state, lift_initial_state, torch_gate_dtype, torch_with_state
+from ..state import torch_gate_dtype, torch_with_state
 from .spec import Variant
 
 
@@ -70,18 +70,17 @@ def reference(
     g: Any,
     u: Any,
     scale: float | None,
-    initial_state: Any,
-    output_final_state: bool,
+    initial_state: Any = None,
+    output_final_state: bool = False,
 ) -> Any:
     """The definition, one token at a time from S_0 (arithmetic-generic)."""
     B, H, N, dk = q.shape
     _check_extras(g, u, B, H, N, dk)
-    check_initial_state(initial_state, B, H, dk, v.shape[-1])
     s = 1.0 / ar.sqrt(ar.const(dk)) if scale is None else scale
     r = q * s
     alpha = ar.exp(g)
     bonus = u[None, :, :, None]  # (1, H, d_k, 1)
-    state = ar.zeros((B, H, dk, v.shape[-1])) if initial_state is None else lift_initial_state(ar, initial_state)
+    state = ar.zeros((B, H, dk, v.shape[-1])) if initial_state is None else initial_state
     outs = []
     for t in range(N):
         kv = k[:, :, t, :, None] * v[:, :, t, None, :]
@@ -109,12 +108,11 @@ def torch_forward(
     g: Any,
     u: Any,
     scale: float | None,
-    initial_state: Any,
-    output_final_state: bool,
+    initial_state: Any = None,
+    output_final_state: bool = False,
 ) -> Any:
     B, H, N, dk = q.shape
     _check_extras(g, u, B, H, N, dk)
-    check_initial_state(initial_state, B, H, dk, v.shape[-1])
     r = q * (1.0 / math.sqrt(dk) if scale is None else scale)
     g_prev = shift_one(g)
     out = linear_recurrence(r, shift_one(k), shift_one(v), g_prev, causal=True, form=form, chunk_size=chunk_size)
@@ -134,9 +132,9 @@ VARIANTS = [
         family="rwkv",
         summary="RWKV-6: per-channel data-dependent decay, exclusive state, bonus u for the current token",
         source="Peng et al. 2024, Eagle and Finch: RWKV with Matrix-Valued States and Dynamic Recurrence",
-        params={"scale": None, "initial_state": None, "output_final_state": False},
+        params={"scale": None},
         forms=("chunked", "recurrent", "parallel"),
-        declares=frozenset({"causal", "causal-only", "gated", "linear-in-v"}),
+        declares=frozenset({"causal", "causal-only", "gated", "linear-in-v", "state-passing"}),
         reference_fn=reference,
         torch_fn=torch_forward,
         inputs=(channel_log_decay("g"), head_channel("u")),

@@ -120,7 +120,7 @@ class Variant:
         """Each override has the kind of its default (bool, string, number); numbers are finite, names
         ending in 'eps' are >= 0 and the scale-like ones (_POSITIVE_PARAMS) > 0. A string for a number
         is refused (the scale's rules in d are checked by ``hyperparams.check_scale``); None-default
-        parameters also take None or a per-head list. A wrong kind is a TypeError, a wrong value a
+        parameters also take None; numbers may be given per head as a list. A wrong kind is a TypeError, a wrong value a
         ValueError, both naming the parameter."""
         import math
 
@@ -139,16 +139,18 @@ class Variant:
                 continue
             if value is None and default is None:
                 continue
-            if default is None and isinstance(value, (list, tuple)):
-                continue  # per-head values: checked by the variant's forms
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise TypeError(f"{where} ({type(value).__name__}); expected a number (default {default!r})")
-            if not math.isfinite(value):
-                raise ValueError(f"{where}; expected a finite number")
-            if name.endswith("eps") and value < 0:
-                raise ValueError(f"{where}; expected a number >= 0")
-            if name in _POSITIVE_PARAMS and value <= 0:
-                raise ValueError(f"{where}; expected a number > 0")
+            # a per-head list: each entry obeys the scalar's rules, its length is checked by the forms
+            for x in value if isinstance(value, (list, tuple)) else (value,):
+                if isinstance(x, bool) or not isinstance(x, (int, float)):
+                    raise TypeError(
+                        f"{where} ({type(x).__name__}); expected a number or a per-head list (default {default!r})"
+                    )
+                if not math.isfinite(x):
+                    raise ValueError(f"{where}; expected a finite number")
+                if name.endswith("eps") and x < 0:
+                    raise ValueError(f"{where}; expected a number >= 0")
+                if name in _POSITIVE_PARAMS and x <= 0:
+                    raise ValueError(f"{where}; expected a number > 0")
 
 
     def tags(self, params: Mapping[str, Any] | None = None) -> frozenset[str]:
@@ -236,10 +238,10 @@ class Variant:
             raise ValueError("initial_state: got a state with causal=False; expected causal=True (states are causal)")
         s0 = opts.get("initial_state")
         if s0 is not None and "cu_seqlens" not in opts:  # packed: one state per sequence (gramcheck.packing)
+            from ..state import check_initial_state
+
             B, H, _, dk = q.shape
-            expected = (B, H, dk, v.shape[-1])
-            if tuple(s0.shape) != expected:
-                raise ValueError(f"initial_state: got shape {tuple(s0.shape)}; expected {expected} (B, H, d_k, d_v)")
+            check_initial_state(s0, B, H, dk, v.shape[-1])
         return opts
 
     def features(self, q: Any, k: Any, *, arith: Any = F64, **kwargs: Any) -> tuple[Any, Any]:
