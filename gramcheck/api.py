@@ -155,7 +155,7 @@ def check(
     for k in dom.kinds or ():
         check_choice("domain.kinds", k, KINDS)
     dom.resolved(profile).check_memory(var, budget=memory_budget)  # the sizes the profile will draw
-    props = select_properties(var, causal, dict(t.params), t.dtype, properties)
+    props = select_properties(var, causal, dict(t.params), t.dtype, properties, own_draws=bool(t.own_draws))
     report = Report(
         t.name,
         var.name,
@@ -189,13 +189,20 @@ def check(
 
 
 def select_properties(
-    var: Any, causal: bool, params: dict[str, Any], dtype: str, properties: Sequence[str] | None
+    var: Any,
+    causal: bool,
+    params: dict[str, Any],
+    dtype: str,
+    properties: Sequence[str] | None,
+    *,
+    own_draws: bool = False,
 ) -> list[Any]:
     """The properties to run: every applicable one (catalogue order), or the ones asked for, each of
-    which must apply to the variant, mode and dtype (a ValueError naming it otherwise)."""
+    which must apply to the variant, mode and dtype (a ValueError naming it otherwise). For a target that
+    draws its own random features (``own_draws``) the default adds the statistical properties."""
     applicable = _properties.applicable(var, causal, params, dtype=dtype, include_diagnostics=True)
     if properties is None:
-        return [p for p in applicable if p.default]
+        return [p for p in applicable if p.default or (own_draws and p.name in _properties.STATISTICAL)]
     if isinstance(properties, str):
         raise TypeError(f"properties: got the string {properties!r}; expected a list of property names")
     out = []

@@ -57,6 +57,72 @@ def favor_mse(x: Any, y: Any, m: int, kind: str = "positive") -> np.ndarray:
     return pos if kind == "positive" else 0.5 * (-np.expm1(-z2)) * pos
 
 
+def favor_output_moments(
+    x: Any, y: Any, v: Any, m: int, kind: str = "positive", *, causal: bool = False
+) -> dict[str, np.ndarray]:
+    """What m iid features w_a ~ N(0, I_d) guarantee about the normalised FAVOR+ output
+    o_i = sum_j K^_ij v_j / sum_j K^_ij, K^_ij = phi(x_i).phi(y_j) (proofs/favor-output.md). x, y: scaled
+    queries and keys (B, H, N, d) (kernel exp(x.y)), v (B, H, N, d_v); j <= i when ``causal``.
+
+    With kappa_j = exp(x_i.y_j), b = sum kappa_j, r = sum kappa_j v_j / b (the exact output) and the
+    covariance of the estimates Sigma_jl = kappa_j kappa_l (E_jl - 1) / m, where E = exp(Z Z^T) for
+    positive and cosh(Z Z^T) for hyperbolic features (Z_j = x_i + y_j; its diagonal is favor_mse),
+    c = v - r, D = max_j |c_j|, var_B = 1^T Sigma 1, var_c = c^T Sigma c and, for a split point
+    theta in (0, 1), p_theta >= P(B < theta b) (Chebyshev, or Maurer's bound for a mean of m
+    non-negative terms with second moment m var_B + b^2, whichever is smaller):
+
+        |E o - r|    <= min(D sqrt(var_B) / b,  min_theta sqrt(var_c var_B) / (theta b^2) + D p_theta)   'bias'
+        E (o - r)^2  <= min_theta var_c / (theta b)^2 + D^2 p_theta                                    'mse'
+
+    Returns arrays (B, H, N, d_v): 'exact' r, 'bias', 'mse', 'lo' and 'hi' (o lies in [lo, hi]: the
+    weights are positive), 'spread' D."""
+    if kind not in ("positive", "hyperbolic"):
+        raise ValueError(f"kind: got {kind!r}; expected 'positive' or 'hyperbolic' (positive weights)")
+    if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 1:
+        raise ValueError(f"m: got {m!r}; expected a positive integer number of random features")
+    x, y, v = _finite("x", x), _finite("y", y), _finite("v", v)
+    B, H, N, _ = x.shape
+    theta = np.array(_SPLITS)[:, None]
+    out = {name: np.zeros((B, H, N, v.shape[-1])) for name in ("exact", "bias", "mse", "lo", "hi", "spread")}
+    for b_, h, i in np.ndindex(B, H, N):
+        n = i + 1 if causal else N
+        xi, ys, vs = x[b_, h, i], y[b_, h, :n], v[b_, h, :n]
+        kappa = np.exp(ys @ xi)
+        z = xi + ys
+        g = z @ z.T
+        excess = np.expm1(g) if kind == "positive" else 2.0 * np.sinh(g / 2.0) ** 2  # E - 1
+        sigma = np.outer(kappa, kappa) * excess / m
+        total = kappa.sum()
+        r = kappa @ vs / total
+        c = vs - r
+        rel_b = sigma.sum() / total**2  # var_B / b^2
+        rel_c = np.einsum("jc,jl,lc->c", c, sigma, c) / total**2  # var_c / b^2
+        spread = np.max(np.abs(c), axis=0)
+        with np.errstate(divide="ignore", over="ignore"):
+            chebyshev = np.minimum(1.0, rel_b / (1.0 - theta) ** 2)
+            tail = np.minimum(chebyshev, np.exp(-((1.0 - theta) ** 2) / (2.0 * (rel_b + 1.0 / m))))  # Maurer
+        bias = np.min(np.sqrt(rel_c * rel_b) / theta + spread * tail, axis=0)
+        out["exact"][b_, h, i] = r
+        out["bias"][b_, h, i] = np.minimum(spread * math.sqrt(rel_b), bias)
+        out["mse"][b_, h, i] = np.min(rel_c / theta**2 + spread**2 * tail, axis=0)
+        out["lo"][b_, h, i] = vs.min(axis=0)
+        out["hi"][b_, h, i] = vs.max(axis=0)
+        out["spread"][b_, h, i] = spread
+    return out
+
+
+_SPLITS = (0.25, 0.5, 0.7, 0.8, 0.9, 0.95)  # split points theta the output bounds minimise over
+
+
+def bernstein_deviation(variance: Any, width: Any, draws: int, log_terms: float) -> np.ndarray:
+    """t with P(|mean of ``draws`` iid X - E X| >= t) <= 2 exp(-log_terms) when Var X <= ``variance`` and
+    |X - E X| <= ``width`` (Bernstein's inequality, solved for t; proofs/favor-output.md):
+    t = (w L / 3 + sqrt((w L / 3)^2 + 2 R s^2 L)) / R, L = ``log_terms``. One-sided: P(mean - E X >= t)
+    <= exp(-L)."""
+    w = np.asarray(width, dtype=np.float64) * log_terms / 3.0
+    return (w + np.sqrt(w**2 + 2.0 * draws * np.asarray(variance, dtype=np.float64) * log_terms)) / draws
+
+
 def orf_mse_reduction(x: Any, y: Any, m: int, d: int) -> np.ndarray:
     """Theorem 2 of Choromanski et al. 2021 (proofs/favor-mse.md): for positive features and m <= d
     orthogonal rows, MSE_ort <= MSE_iid - 2(m-1)/(m(d+2)) (SM(x,y) - exp(-(|x|^2 + |y|^2)/2))^2.

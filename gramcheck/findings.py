@@ -15,7 +15,7 @@ from typing import Any
 # sampled: checked on drawn inputs against a worst-case bound; proved: a statement about the checked
 # object itself; enclosed: certified by ball arithmetic; probabilistic: a bound that holds with a stated
 # probability under the probabilistic rounding model (proofs/probabilistic-rounding.md)
-RIGOURS = ("sampled", "proved", "enclosed", "probabilistic")
+RIGOURS = ("sampled", "proved", "enclosed", "probabilistic", "statistical")
 
 # measured SENSE bound passes
 SENSES: dict[str, Callable[[float, float], bool]] = {

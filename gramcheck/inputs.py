@@ -44,6 +44,9 @@ class InputSpec:
     summary: str = ""
     broadcast: tuple[str, ...] = ()  # axes that may also have size 1 (one decay shared by every channel)
     on_request: tuple[str, ...] = ()  # regimes drawn only when a domain names them (outside the contract)
+    # a random draw (the random-feature matrix) a target may make itself instead of taking it: such a
+    # target is checked statistically, and ``size_param`` names the hyperparameter giving the draw's size
+    size_param: str | None = None
 
     def __post_init__(self) -> None:
         unknown = [a for a in self.axes if a not in AXES]
@@ -216,8 +219,9 @@ def head_channel(name: str) -> InputSpec:
 
 
 def projection(name: str = "projection") -> InputSpec:
-    """The random-feature matrix (m, d_k), shared by every head; not differentiated."""
+    """The random-feature matrix (m, d_k), shared by every head; not differentiated. A target may draw it
+    itself (no ``projection`` keyword): the hyperparameter ``features`` then gives its m."""
     return InputSpec(
         name, ("m", "dk"), draw_projection, ("orf",), "orf", differentiable=False,
-        summary="a finite (m, d_k) matrix",
+        summary="a finite (m, d_k) matrix", size_param="features",
     )

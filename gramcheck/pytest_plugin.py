@@ -74,7 +74,9 @@ def attention_suite(
     t = make_target(target, variant, dtype=dtype, device=device, params=params, timeout=timeout)
     t.variant.check_causal(causal)
     # the same selection, order and record as ``check``, so the certificate has the CLI's bytes
-    names = [p.name for p in select_properties(t.variant, causal, dict(t.params), t.dtype, properties or None)]
+    names = [p.name for p in select_properties(
+        t.variant, causal, dict(t.params), t.dtype, properties or None, own_draws=bool(t.own_draws)
+    )]
     requested = list(names) if properties else None
     spec = target_spec(target)
     key = json.dumps([spec, t.variant.name, causal, t.dtype, device, sorted((params or {}).items())], default=str)

@@ -206,6 +206,12 @@ def run_property(
     that does not apply under the target's hyperparameters gives a skipped Finding with the reason. Runs
     with ``threads`` torch and BLAS threads (default $GRAMCHECK_THREADS, else 1; gramcheck.threads)."""
     reason = prop.unless(target.variant, causal, dict(target.params)) if prop.unless is not None else None
+    if not reason and target.own_draws and not prop.any_draw:
+        drawn = ", ".join(target.own_draws)
+        reason = (
+            f"the target draws its own {drawn} (it takes no such keyword): the reference cannot evaluate the "
+            "same draw, so this target is checked statistically (output-unbiased, output-mse)"
+        )
     if reason:
         return Finding.skip(prop.name, reason, examples=0)
     n = _threads.resolve(threads)
@@ -245,7 +251,7 @@ def _run_property(
     }
     strategy = attention_inputs(target.variant, dtype=target.dtype, kinds=kinds, **sizes)
     base = profile(profile_name)
-    budget = domain.examples or base.max_examples
+    budget = min(domain.examples or base.max_examples, prop.max_examples or math.inf)
     # a third of the examples is kept for the kinds the search does not draw (one explicit example each)
     reserve = min(len(kinds), budget // 3) if len(kinds) > 1 else 0
     state = _State()

@@ -89,6 +89,16 @@ class Target:
         self.params = dict(self.variant.resolve_params(self.params))
         if not self.name:
             self.name = getattr(self.fn, "__qualname__", repr(self.fn))
+        for spec in self.variant.inputs:
+            if spec.name in self.own_draws:
+                size = self.params.get(spec.size_param)
+                if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+                    raise ValueError(
+                        f"{spec.size_param}: got {size!r}; {self.name} takes no {spec.name!r} keyword, so it draws "
+                        f"its own {spec.layout} {spec.name} and is checked statistically: give the size of its "
+                        f"draw as the hyperparameter {spec.size_param} (a positive integer, e.g. "
+                        f"params={{{spec.size_param!r}: 256}})"
+                    )
 
     @property
     def overrides(self) -> dict[str, Any]:
@@ -110,6 +120,7 @@ class Target:
     def call_torch(self, q: Any, k: Any, v: Any, *, causal: bool, **extras: Any) -> Any:
         """Call fn on tensors; checks type, shape, dtype, device and input mutation; returns the tensor."""
         torch = _torch()
+        extras = {n: t for n, t in extras.items() if n not in self.own_draws}
         inputs = {"q": q, "k": k, "v": v, **{n: t for n, t in extras.items() if isinstance(t, torch.Tensor)}}
         before = {n: t.detach().clone() for n, t in inputs.items()}
         grad = any(getattr(t, "requires_grad", False) for t in inputs.values())
@@ -140,6 +151,21 @@ class Target:
         if out.device != q.device:
             raise TargetError("wrong-device", f"{self.name} returned a tensor on {out.device}; expected {q.device}")
         return out if state is None else (out, state)
+
+    @property
+    def own_draws(self) -> tuple[str, ...]:
+        """The variant's random inputs (``InputSpec.size_param``) the callable draws itself: it takes no
+        keyword of that name. Such a target is checked statistically (gramcheck.properties.statistical)."""
+        import inspect
+
+        try:
+            sig = inspect.signature(self.fn)
+        except (TypeError, ValueError):
+            return ()  # no signature to read: the calling convention is assumed
+        ps = sig.parameters.values()
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in ps):
+            return ()
+        return tuple(s.name for s in self.variant.inputs if s.size_param and s.name not in sig.parameters)
 
     @property
     def passes_state(self) -> bool:

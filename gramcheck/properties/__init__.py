@@ -30,6 +30,11 @@ Component properties of random features (kernel MSE, ORF) are plain functions in
 | packing                   | causal mode, targets taking cu_seqlens          | state-passing.md             |
 | packing-isolation         | causal mode, targets taking cu_seqlens          | state-passing.md             |
 | backward-agreement        | unnormalised forms; float32 / bf16 / f16 targets| backward-agreement.md        |
+| output-unbiased (stat.)   | random features with positive weights; default  | favor-output.md              |
+| output-mse (stat.)        | for targets drawing their own (no `projection`) | favor-output.md              |
+
+A target that draws its own random features (``Target.own_draws``) runs only the properties marked
+``any_draw`` (they hold for every draw) and the statistical ones; the others are listed as skipped.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ import builtins
 from typing import Any
 
 from ..validation import check_choice
-from . import accuracy, backward, conditioning, gradients, invariants, kernels, packing, state
+from . import accuracy, backward, conditioning, gradients, invariants, kernels, packing, state, statistical
 from .base import DEFAULT_KINDS, Property, always, declares
 
 LOW_PRECISION = ("bfloat16", "float16")
@@ -73,6 +78,7 @@ CATALOGUE: tuple[Property, ...] = (
         "invariants.md",
         "weights (V = I) are >= 0 and each row sums to 1",
         max_n=32,
+        any_draw=True,
     ),
     Property(
         "convex-hull",
@@ -80,6 +86,7 @@ CATALOGUE: tuple[Property, ...] = (
         declares("convex-hull"),
         "invariants.md",
         "each output lies in the convex hull of the values (j <= i when causal)",
+        any_draw=True,
     ),
     Property(
         "permutation-equivariance",
@@ -163,6 +170,7 @@ CATALOGUE: tuple[Property, ...] = (
         "jacobian-bounds.md",
         "finite output => finite gradients in the target dtype",
         max_n=32,
+        any_draw=True,
     ),
     Property(
         "jacobian-norm",
@@ -230,6 +238,32 @@ CATALOGUE: tuple[Property, ...] = (
         max_n=128,
     ),
     Property(
+        "output-unbiased",
+        statistical.output_unbiased,
+        statistical.applies,
+        "favor-output.md",
+        "statistical, over the target's own draws: |mean o - r| <= bias bound + Bernstein deviation",
+        max_n=8,
+        max_d=16,
+        default=False,
+        unless=statistical.unless,
+        any_draw=True,
+        max_examples=3,
+    ),
+    Property(
+        "output-mse",
+        statistical.output_mse,
+        statistical.applies,
+        "favor-output.md",
+        "statistical, over the target's own draws: mean (o - r)^2 <= MSE bound + Bernstein deviation",
+        max_n=8,
+        max_d=16,
+        default=False,
+        unless=statistical.unless,
+        any_draw=True,
+        max_examples=3,
+    ),
+    Property(
         "energy-share",
         conditioning.energy_share,
         always,
@@ -275,4 +309,6 @@ def applicable(
     return out
 
 
-__all__ = ["CATALOGUE", "DEFAULT_KINDS", "Property", "applicable", "get", "kernels", "names"]
+STATISTICAL = statistical.STATISTICAL
+
+__all__ = ["CATALOGUE", "DEFAULT_KINDS", "STATISTICAL", "Property", "applicable", "get", "kernels", "names"]

@@ -38,6 +38,10 @@ class Property:
     default: bool = True  # in the default set of ``check`` (diagnostics are opt-in)
     # applies to the variant, but not under these hyperparameters: the reason (listed as skipped) or None
     unless: Callable[[Variant, bool, dict[str, Any]], str | None] | None = None
+    # holds for every random draw a target makes itself (Target.own_draws): it compares nothing with the
+    # reference's draw; the others are skipped for such a target
+    any_draw: bool = False
+    max_examples: int | None = None  # a cap on the examples (each one costs many target calls)
 
 
 def guarded(name: str) -> Callable[[Callable[..., Finding | None]], Callable[..., Finding | None]]:

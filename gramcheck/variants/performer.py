@@ -86,6 +86,9 @@ def _variant(kind: str, summary: str) -> Variant:
             "feature_eps": 0.0,
             "eps": 0.0,
             "shift": "log-amplitude",
+            # m, for a target that draws its own random features (checked statistically); a target that
+            # takes ``projection`` gets m from the matrix it is given
+            "features": None,
         },
         forms=LINEAR_FORMS,
         noncausal_only=("parallel",),

@@ -45,7 +45,7 @@ RECURRENCES = (
 
 
 # hyperparameters that must be > 0 wherever a variant has them
-_POSITIVE_PARAMS = ("scale", "tau", "gate_tau", "divisor", "gain", "block_size", "temperature", "gamma")
+_POSITIVE_PARAMS = ("scale", "tau", "gate_tau", "divisor", "gain", "block_size", "temperature", "gamma", "features")
 
 # call options every variant's reference and torch form accept besides hyperparameters and inputs: the
 # state (variants tagged state-passing) and packed sequences (handled here, in gramcheck.packing)

@@ -1,0 +1,154 @@
+"""Statistical checks of a FAVOR+ target's outputs over its own random draws (proofs/favor-output.md).
+
+A target that draws its own random features (no ``projection`` keyword: ``Target.own_draws``) cannot be
+compared with the reference on the same draw. Its outputs o are then checked as random variables: the
+target is called R = ``DRAWS`` times on one input, each call a fresh draw of m = ``features`` iid N(0, I)
+features, and with the exact output r, the bias bound beta and the second-moment bound mu of
+``bounds.favor_output_moments``, at every entry e (P entries, false-alarm rate ``ALPHA`` per example,
+Bonferroni over the entries):
+
+* output-unbiased: |mean_R o_e - r_e| <= beta_e + t_e, t_e from Bernstein's inequality with
+  Var o_e <= mu_e and |o_e - E o_e| <= hi_e - lo_e (the outputs lie in the hull of the values), L =
+  ln(2P / alpha);
+* output-mse: mean_R (o_e - r_e)^2 <= mu_e + t'_e, one-sided Bernstein with Var (o - r)^2 <= D_e^2 mu_e and
+  width D_e^2, L = ln(P / alpha).
+
+Power: an implementation whose mean is off by |E o_e - r_e| >= beta_e + 2 t_e at one entry fails
+output-unbiased with probability >= 1 - alpha / P under the same variance premise; the Finding records the
+smallest such offset relative to the value range (``detectable_offset``). A target that takes
+``projection`` is given a fresh iid draw on every call, so both properties also apply to it (opt-in).
+Queries and keys are rescaled so that every scaled row has |x| <= ``NORM_CAP`` (the estimator's variance
+grows like exp(|x + y|^2); beyond that the test says nothing). A target that returns the same output on
+two calls does not redraw: the draws cannot be averaged and the properties are skipped with that reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import zlib
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from ..bounds import bernstein_deviation, favor_output_moments
+from ..featuremaps import random_projection
+from ..findings import Finding
+from ..precision import unit_roundoff
+from ..strategies import AttentionInputs
+from ..targets import Target
+from .base import guarded, ratio_finding
+
+DRAWS = 512
+ALPHA = 1e-6
+NORM_CAP = 0.6
+STATISTICAL = ("output-unbiased", "output-mse")
+
+
+def applies(variant: Any, causal: bool, params: dict[str, Any]) -> bool:
+    """Random features with positive weights (FAVOR+ positive and hyperbolic): outputs in the value hull."""
+    tags = variant.tags(params)
+    return "random-features" in tags and "row-normalisation" in tags
+
+
+def unless(variant: Any, causal: bool, params: dict[str, Any]) -> str | None:
+    if params.get("feature_eps") or params.get("eps"):
+        return "an eps added to the features or the denominator biases the estimator: the bounds assume none"
+    return None
+
+
+def _capped(x: np.ndarray, root_scale: float) -> np.ndarray:
+    """Rows rescaled (directions kept) so that |root_scale x| <= NORM_CAP."""
+    norms = np.linalg.norm(x, axis=-1, keepdims=True) * root_scale
+    return x * np.minimum(1.0, NORM_CAP / np.maximum(norms, 1e-300))
+
+
+def _draws(
+    name: str, target: Target, ex: AttentionInputs, causal: bool
+) -> tuple[np.ndarray, dict[str, Any]] | Finding:
+    """R outputs (R, B, H, N, d_v) in float64 on the capped input, with what the bounds need; a skipped
+    Finding when the target does not redraw."""
+    var, params = target.variant, target.params
+    spec = next(s for s in var.inputs if s.size_param)
+    d = ex.q.shape[-1]
+    root = math.sqrt(var.scale(params, d))
+    ts = target.tensors({"q": _capped(ex.q, root), "k": _capped(ex.k, root), "v": ex.v})
+    q, k, v = (ts[n].detach().double().cpu().numpy() for n in ("q", "k", "v"))
+    own = spec.name in target.own_draws
+    m = int(params[spec.size_param]) if own else int(ex.extras[spec.name].shape[0])
+    seed = zlib.crc32(np.ascontiguousarray(ex.q).tobytes())  # fresh projections: a function of the input
+    moments = favor_output_moments(q * root, k * root, v, m, params["kind"], causal=causal)
+    random = bool(np.any(moments["mse"] > 0))  # else every output is one value whatever the draw (n = 1)
+    outs = []
+    with _seeded(seed):
+        for r in range(DRAWS):
+            extra = {} if own else target.tensors({spec.name: random_projection(m, d, kind="iid", seed=seed + r)})
+            out = target.call_torch(ts["q"], ts["k"], ts["v"], causal=causal, **extra)
+            outs.append(out.detach().double().cpu().numpy())
+            if r == 1 and random and np.array_equal(outs[0], outs[1]):
+                return Finding.skip(
+                    name,
+                    f"{target.name} returned the same output on two calls: it does not redraw its {spec.name}, so "
+                    f"its draws cannot be averaged (give it a {spec.name!r} keyword to check it exactly)",
+                )
+    info = {"draws": DRAWS, "alpha": ALPHA, "features": m, "own_draw": own, "norm_cap": NORM_CAP,
+            "premise": "iid N(0, I) features, a fresh draw per call (orthogonal features: not proved)"}  # fmt: skip
+    return np.stack(outs), {**moments, "info": info, "n": q.shape[-2], "u": unit_roundoff(target.dtype)}
+
+
+@contextlib.contextmanager
+def _seeded(seed: int) -> Iterator[None]:
+    """The global torch and NumPy generators seeded (and restored afterwards): a target that draws its
+    features from them gives the same draws, hence the same certificate, for the same input."""
+    import torch
+
+    state = np.random.get_state()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        np.random.seed(seed)
+        try:
+            yield
+        finally:
+            np.random.set_state(state)
+
+
+def _rounding(mo: dict[str, Any]) -> np.ndarray:
+    """A first-order allowance for the target's own rounding (normalised weighted mean of n values):
+    2 (n + 2) u max(|lo|, |hi|), a small fraction of the statistical tolerance in float32."""
+    return 2.0 * (mo["n"] + 2) * mo["u"] * np.maximum(np.abs(mo["lo"]), np.abs(mo["hi"]))
+
+
+@guarded("output-unbiased")
+def output_unbiased(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding | None:
+    """|mean_R o - r| <= bias + t (module docstring)."""
+    got = _draws("output-unbiased", target, ex, causal)
+    if isinstance(got, Finding):
+        return got
+    o, mo = got
+    P = o[0].size
+    width = mo["hi"] - mo["lo"]
+    t = bernstein_deviation(mo["mse"], width, DRAWS, math.log(2 * P / ALPHA))
+    err = np.abs(o.mean(axis=0) - mo["exact"])
+    bound = mo["bias"] + t + _rounding(mo)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        offset = np.where(width > 0, (mo["bias"] + 2 * t) / width, 0.0)
+    f = ratio_finding("output-unbiased", err, bound, ex, rigour="statistical", **mo["info"])
+    f.details["detectable_offset"] = float(np.max(offset))
+    return f
+
+
+@guarded("output-mse")
+def output_mse(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding | None:
+    """mean_R (o - r)^2 <= mu + t' (module docstring)."""
+    got = _draws("output-mse", target, ex, causal)
+    if isinstance(got, Finding):
+        return got
+    o, mo = got
+    P = o[0].size
+    slack = _rounding(mo)
+    spread = mo["spread"] + slack
+    t = bernstein_deviation(spread**2 * mo["mse"], spread**2, DRAWS, math.log(P / ALPHA))
+    err = np.mean((o - mo["exact"]) ** 2, axis=0)
+    bound = mo["mse"] + t + 2 * slack * spread
+    return ratio_finding("output-mse", err, bound, ex, rigour="statistical", **mo["info"])
