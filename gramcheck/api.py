@@ -164,7 +164,7 @@ def check(
         device,
         profile,
         seed,
-        dom.to_dict(),
+        dom.resolved(profile).to_dict(),  # the sizes drawn, as a certificate must state them
         params=dict(t.overrides),
         requested=None if properties is None else [p.name for p in props],
     )

@@ -79,6 +79,9 @@ def _check_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+_VERDICT_STYLE = {"pass": "[green]pass[/green]", "fail": "[red]FAIL[/red]", "skipped": "[dim]skipped[/dim]"}
+
+
 def _findings_table(title: str, findings: Sequence[Any]) -> Any:
     from rich.markup import escape
     from rich.table import Table
@@ -91,7 +94,7 @@ def _findings_table(title: str, findings: Sequence[Any]) -> Any:
     for f in findings:
         table.add_row(
             f.name,
-            "[green]pass[/green]" if f.passed else "[red]FAIL[/red]",
+            _VERDICT_STYLE[f.verdict],
             f"{f.measured:.3g}",
             f"{f.bound:.3g}",
             f"{f.margin:.3g}",

@@ -149,7 +149,7 @@ def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
             t.device,
             r["profile"],
             r["seed"],
-            r["domain"].to_dict(),
+            r["domain"].resolved(r["profile"]).to_dict(),
             findings,
             params=dict(t.overrides),
             requested=r["requested"],

@@ -34,14 +34,19 @@ def render_finding(f: Finding, *, width: int = 160) -> str:
     return " ".join(parts)
 
 
+def _clip(text: str, width: int) -> str:
+    return text[: width - 3] + "..." if len(text) > width else text
+
+
 def note(f: Finding, *, width: int = 80) -> str:
     """The table's note column: the failure kind and its message (truncated), or the error in its own
     units, and the counterexample's kind and shape."""
     d = f.details
     out = []
+    if f.verdict == "skipped":
+        return f"skipped: {_clip(str(f.skipped), width)}"
     if f.failure:
-        msg = str(d.get("error", ""))
-        out.append(f"{f.failure}: {msg[: width - 3] + '...' if len(msg) > width else msg}")
+        out.append(f"{f.failure}: {_clip(str(d.get('error', '')), width)}")
     elif "worst_error" in d and "worst_bound" in d:
         where = f" at {tuple(d['worst_index'])}" if d.get("worst_index") is not None else ""
         out.append(f"err {_num(d['worst_error'])} tol {_num(d['worst_bound'])}{where}")

@@ -217,6 +217,7 @@ def run_property(
     n = _threads.resolve(threads)
     fn = target.fn
     target.fn = _threads.pinned(fn, n)  # the target runs in its own worker thread: limit it there
+    target.draw_seed = seed  # a target drawing its own randomness draws it seeded by the check's seed
     try:
         with _threads.limited(n):
             return _run_property(prop, target, causal=causal, domain=domain, profile_name=profile_name, seed=seed)

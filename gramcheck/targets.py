@@ -16,11 +16,13 @@ SystemExit raised by a target is a "raised" Finding; KeyboardInterrupt is never 
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import pickle
 import threading
 import warnings
-from collections.abc import Callable, Mapping
+import zlib
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,6 +83,7 @@ class Target:
     # how a worker process re-creates fn: ("import", "module:attr"), ("builtin", kwargs) or ("pickle", bytes)
     rebuild: tuple[str, Any] | None = field(default=None, repr=False, compare=False)
     isolation: str = field(default="thread", compare=False)
+    draw_seed: int = field(default=0, compare=False)  # seeds a target's own draws (``call_torch``)
     _process: Any = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -117,12 +120,28 @@ class Target:
             out[n] = t.requires_grad_(requires_grad and n in ("q", "k", "v"))
         return out
 
-    def call_torch(self, q: Any, k: Any, v: Any, *, causal: bool, **extras: Any) -> Any:
-        """Call fn on tensors; checks type, shape, dtype, device and input mutation; returns the tensor."""
+    def call_torch(self, q: Any, k: Any, v: Any, *, causal: bool, draw: int = 0, **extras: Any) -> Any:
+        """Call fn on tensors; checks type, shape, dtype, device and input mutation; returns the tensor.
+        A target drawing its own randomness (``own_draws``) draws it from the global torch and NumPy
+        generators seeded by (``draw_seed``, the inputs, ``draw``): the same input gives the same draw
+        (replays and certificates are reproducible), ``draw`` = 0, 1, ... independent ones."""
         torch = _torch()
-        extras = {n: t for n, t in extras.items() if n not in self.own_draws}
+        own = self.own_draws
+        extras = {n: t for n, t in extras.items() if n not in own}
         inputs = {"q": q, "k": k, "v": v, **{n: t for n, t in extras.items() if isinstance(t, torch.Tensor)}}
         before = {n: t.detach().clone() for n, t in inputs.items()}
+        if own:
+            key = b"".join(t.detach().cpu().numpy().tobytes() for t in before.values()) + draw.to_bytes(8, "little")
+            with seeded_generators(zlib.crc32(key, self.draw_seed & 0xFFFFFFFF)):  # torch's CPU generator: 32 bits
+                out = self._call(q, k, v, causal, extras, inputs)
+        else:
+            out = self._call(q, k, v, causal, extras, inputs)
+        for n, t in inputs.items():
+            if not torch.equal(t.detach(), before[n]):
+                raise TargetError("mutates-inputs", f"{self.name} changed its input {n!r} in place")
+        return self._checked(out, q, v, extras)
+
+    def _call(self, q: Any, k: Any, v: Any, causal: bool, extras: dict[str, Any], inputs: dict[str, Any]) -> Any:
         grad = any(getattr(t, "requires_grad", False) for t in inputs.values())
         if self.isolation == "process" and not grad:
             out = self._call_in_process(q, k, v, causal, extras)
@@ -133,9 +152,11 @@ class Target:
                 raise TargetError("raised", f"{self.name} raised {_describe(exc)}") from exc
         else:
             out = self._call_with_timeout(q, k, v, causal, extras)
-        for n, t in inputs.items():
-            if not torch.equal(t.detach(), before[n]):
-                raise TargetError("mutates-inputs", f"{self.name} changed its input {n!r} in place")
+        return out
+
+    def _checked(self, out: Any, q: Any, v: Any, extras: dict[str, Any]) -> Any:
+        """The output after the checks of type, shape, dtype and device ((out, state) with a state)."""
+        torch = _torch()
         state = None
         if extras.get("output_final_state"):
             out, state = self._state_pair(out, q, v, extras)
@@ -310,6 +331,22 @@ class Target:
     def reference(self, q: Any, k: Any, v: Any, *, causal: bool, **extras: Any) -> np.ndarray:
         """The variant's float64 reference with this target's hyperparameters."""
         return np.asarray(self.variant.reference(q, k, v, causal=causal, **self.params, **extras))
+
+
+@contextlib.contextmanager
+def seeded_generators(seed: int) -> Iterator[None]:
+    """The global torch and NumPy generators seeded, and restored afterwards: a target that draws from
+    them (its own random features) then gives the same draws, hence the same certificate, for the same
+    seed."""
+    torch = _torch()
+    state = np.random.get_state()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        np.random.seed(seed % 2**32)
+        try:
+            yield
+        finally:
+            np.random.set_state(state)
 
 
 def _takes_keywords(fn: Any, names: tuple[str, ...]) -> bool:

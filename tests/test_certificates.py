@@ -236,3 +236,13 @@ def test_plugin_and_cli_certificates_have_the_same_bytes(pytester):
     )
     assert cli.returncode == 0, cli.stderr
     assert (pytester.path / "cli" / plugin.name).read_bytes() == plugin.read_bytes()
+
+
+def test_a_certificate_of_the_default_domain_states_its_sizes_and_verifies(tmp_path, capsys):
+    """The profile's sizes are recorded (the schema requires integers): certify with no domain, then verify."""
+    path = tmp_path / "default.json"
+    cert = certify("builtin:linear-elu", properties=["determinism"], out=str(path))
+    domain = json.loads(path.read_text())["domain"]
+    assert cert.passed and domain["max_n"] == 320 and domain["max_d"] == 64
+    assert main(["verify", str(path)]) == 0
+    assert "reproduced" in capsys.readouterr().out

@@ -191,3 +191,11 @@ def test_a_target_that_never_returns_does_not_keep_gramcheck_alive():
         *FAST,
     )
     assert r.returncode == 1 and r.stdout.count("timeout") == 2 and "0 passed, 2 failed" in r.stdout
+
+
+def test_a_skipped_property_reads_skipped_with_its_reason(capsys):
+    from gramcheck.cli import main
+
+    code = main(["check", "builtin:gla", "--causal", "--dtype", "float64", "--property", "backward-agreement", *FAST])
+    out = capsys.readouterr().out
+    assert code == 0 and "skipped" in out and "gradcheck judges" in out and "pass " not in out

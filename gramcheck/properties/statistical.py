@@ -24,10 +24,8 @@ two calls does not redraw: the draws cannot be averaged and the properties are s
 
 from __future__ import annotations
 
-import contextlib
 import math
 import zlib
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -81,36 +79,19 @@ def _draws(
     moments = favor_output_moments(q * root, k * root, v, m, params["kind"], causal=causal)
     random = bool(np.any(moments["mse"] > 0))  # else every output is one value whatever the draw (n = 1)
     outs = []
-    with _seeded(seed):
-        for r in range(DRAWS):
-            extra = {} if own else target.tensors({spec.name: random_projection(m, d, kind="iid", seed=seed + r)})
-            out = target.call_torch(ts["q"], ts["k"], ts["v"], causal=causal, **extra)
-            outs.append(out.detach().double().cpu().numpy())
-            if r == 1 and random and np.array_equal(outs[0], outs[1]):
-                return Finding.skip(
-                    name,
-                    f"{target.name} returned the same output on two calls: it does not redraw its {spec.name}, so "
-                    f"its draws cannot be averaged (give it a {spec.name!r} keyword to check it exactly)",
-                )
+    for r in range(DRAWS):
+        extra = {} if own else target.tensors({spec.name: random_projection(m, d, kind="iid", seed=seed + r)})
+        out = target.call_torch(ts["q"], ts["k"], ts["v"], causal=causal, draw=r, **extra)
+        outs.append(out.detach().double().cpu().numpy())
+        if r == 1 and random and np.array_equal(outs[0], outs[1]):
+            return Finding.skip(
+                name,
+                f"{target.name} returned the same output on two calls: it does not redraw its {spec.name}, so "
+                f"its draws cannot be averaged (give it a {spec.name!r} keyword to check it exactly)",
+            )
     info = {"draws": DRAWS, "alpha": ALPHA, "features": m, "own_draw": own, "norm_cap": NORM_CAP,
             "premise": "iid N(0, I) features, a fresh draw per call (orthogonal features: not proved)"}  # fmt: skip
     return np.stack(outs), {**moments, "info": info, "n": q.shape[-2], "u": unit_roundoff(target.dtype)}
-
-
-@contextlib.contextmanager
-def _seeded(seed: int) -> Iterator[None]:
-    """The global torch and NumPy generators seeded (and restored afterwards): a target that draws its
-    features from them gives the same draws, hence the same certificate, for the same input."""
-    import torch
-
-    state = np.random.get_state()
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        np.random.seed(seed)
-        try:
-            yield
-        finally:
-            np.random.set_state(state)
 
 
 def _rounding(mo: dict[str, Any]) -> np.ndarray:
