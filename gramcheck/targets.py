@@ -338,15 +338,15 @@ def seeded_generators(seed: int) -> Iterator[None]:
     """The global torch and NumPy generators seeded, and restored afterwards: a target that draws from
     them (its own random features) then gives the same draws, hence the same certificate, for the same
     seed."""
-    torch = _torch()
-    state = np.random.get_state()
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        np.random.seed(seed % 2**32)
-        try:
-            yield
-        finally:
-            np.random.set_state(state)
+    gen = _torch().default_generator  # the CPU generator alone (torch.manual_seed also queues CUDA seeding)
+    saved = gen.get_state(), np.random.get_state()
+    gen.manual_seed(seed)
+    np.random.seed(seed % 2**32)
+    try:
+        yield
+    finally:
+        gen.set_state(saved[0])
+        np.random.set_state(saved[1])
 
 
 def _takes_keywords(fn: Any, names: tuple[str, ...]) -> bool:

@@ -10,6 +10,7 @@ thorough) adds sizes, seeds and an autotuner-config sweep.
 from __future__ import annotations
 
 import inspect
+import math
 import os
 
 import numpy as np
@@ -311,19 +312,9 @@ def test_state_passing_matches_the_definition(op):
 
 
 def _reference_with_state(variant, arith, q, k, v, s0, params, extras):
-    """(o, S_N) of the variant's reference from S_0 = s0. Two conventions exist: ``initial_state`` among
-    the variant's hyperparameters (given as float64 NumPy, lifted by the reference), or a keyword of its
-    reference_fn only (given lifted into ``arith``)."""
-    from gramcheck.variants.spec import _evaluate
-
-    rest = {n: x for n, x in params.items() if n not in ("initial_state", "output_final_state")}
-    if "initial_state" in variant.params:
-        return variant.reference(q, k, v, causal=True, arith=arith, initial_state=s0, output_final_state=True,
-                                 **rest, **extras)  # fmt: skip
-    with arith.context():
-        lifted = arith.asarray(np.asarray(s0, dtype=np.float64))
-    return _evaluate(variant.reference_fn, arith, (q, k, v), {**rest, "initial_state": lifted,
-                     "output_final_state": True}, extras, causal=True)  # fmt: skip
+    """(o, S_N) of the variant's reference from S_0 = s0."""
+    return variant.reference(q, k, v, causal=True, arith=arith, initial_state=s0, output_final_state=True,
+                             **params, **extras)  # fmt: skip
 
 
 @pytest.mark.parametrize("op", list(CASES))
@@ -585,3 +576,41 @@ def test_adapters_signatures_take_state_passing_keywords():
     for name, op in fla_kernels.OPS.items():
         params = inspect.signature(op.fn).parameters
         assert {"initial_state", "output_final_state", "cu_seqlens", "causal"} <= set(params), name
+
+
+# --------------------------------------------------------------------------------------------------
+# backward agreement: fla's own backward kernels against the float64 definition's gradients
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("op", list(CASES))
+def test_backward_agrees_with_the_definitions_gradients(op):
+    """dq, dk, dv, the gates' gradients and d initial_state from fla's backward kernels in float32, against
+    autograd of the float64 definition, under the backward-agreement rule (proofs/backward-agreement.md),
+    on the shape the forward checks use."""
+    from gramcheck.properties import get
+    from gramcheck.strategies import AttentionInputs
+
+    _needs_variant(op)
+    t = _target(op)
+    prop = get("backward-agreement")
+    if not prop.applies(t.variant, True, dict(t.params)):
+        pytest.skip(f"backward-agreement does not apply to {t.variant.name} with {t.params}")
+    q, k, v, extras = _inputs(op, SHAPES[0], 6)
+    f = prop.fn(t, AttentionInputs(q, k, v, extras, dtype="float32"), causal=True)
+    assert f is not None and f.failure is None, (op, f)
+    where = (round(f.measured, 2), f.details.get("entry"))
+    if op in BACKWARD_FINDINGS:  # recorded as found; the test fails when fla's result changes either way
+        low, high, reason = BACKWARD_FINDINGS[op]
+        assert not f.passed and low <= f.measured <= high, (op, where, reason)
+        return
+    assert f.passed, (op, where)
+
+
+# op -> (measured range, what): backward-agreement exceeded on the input above. The rule is a convention
+# (2x the float32 definition's own error, proofs/backward-agreement.md): a modest excess is a finding to
+# investigate, not a proven bug; fused_recurrent_rwkv6's is a bug (examples/fla_discrepancies/).
+BACKWARD_FINDINGS = {
+    "fused_recurrent_rwkv6": (1e5, math.inf, "the backward drops dht (rwkv6_final_state_gradient.py)"),
+    "fused_recurrent_retention": (1.5, 2.5, "dq 2x the convention at token 53; chunk_retention 0.33x"),
+    "chunk_rwkv6": (1.1, 1.6, "d initial_state 1.3x the convention"),
+    "chunk_simple_gla": (1.05, 1.5, "dv 1.2x the convention at token 58 (random decays)"),
+}
