@@ -100,36 +100,39 @@ def _rounding(mo: dict[str, Any]) -> np.ndarray:
     return 2.0 * (mo["n"] + 2) * mo["u"] * np.maximum(np.abs(mo["lo"]), np.abs(mo["hi"]))
 
 
-@guarded("output-unbiased")
-def output_unbiased(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding | None:
-    """|mean_R o - r| <= bias + t (module docstring)."""
-    got = _draws("output-unbiased", target, ex, causal)
-    if isinstance(got, Finding):
-        return got
-    o, mo = got
-    P = o[0].size
+def _unbiased(o: np.ndarray, mo: dict[str, Any], P: int) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+    """|mean_R o - r| against bias + t (module docstring), with the smallest offset detected."""
     width = mo["hi"] - mo["lo"]
     t = bernstein_deviation(mo["mse"], width, DRAWS, math.log(2 * P / ALPHA))
-    err = np.abs(o.mean(axis=0) - mo["exact"])
-    bound = mo["bias"] + t + _rounding(mo)
     with np.errstate(divide="ignore", invalid="ignore"):
         offset = np.where(width > 0, (mo["bias"] + 2 * t) / width, 0.0)
-    f = ratio_finding("output-unbiased", err, bound, ex, rigour="statistical", **mo["info"])
-    f.details["detectable_offset"] = float(np.max(offset))
-    return f
+    err = np.abs(o.mean(axis=0) - mo["exact"])
+    return err, mo["bias"] + t + _rounding(mo), {"detectable_offset": float(np.max(offset))}
 
 
-@guarded("output-mse")
-def output_mse(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding | None:
-    """mean_R (o - r)^2 <= mu + t' (module docstring)."""
-    got = _draws("output-mse", target, ex, causal)
-    if isinstance(got, Finding):
-        return got
-    o, mo = got
-    P = o[0].size
+def _mse(o: np.ndarray, mo: dict[str, Any], P: int) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+    """mean_R (o - r)^2 against mu + t' (module docstring)."""
     slack = _rounding(mo)
     spread = mo["spread"] + slack
     t = bernstein_deviation(spread**2 * mo["mse"], spread**2, DRAWS, math.log(P / ALPHA))
-    err = np.mean((o - mo["exact"]) ** 2, axis=0)
-    bound = mo["mse"] + t + 2 * slack * spread
-    return ratio_finding("output-mse", err, bound, ex, rigour="statistical", **mo["info"])
+    return np.mean((o - mo["exact"]) ** 2, axis=0), mo["mse"] + t + 2 * slack * spread, {}
+
+
+def _statistical(name: str, judge: Any) -> Any:
+    """The property ``name``: R draws on the input, judged entrywise by ``judge(o, moments, P)``."""
+
+    @guarded(name)
+    def prop(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding | None:
+        got = _draws(name, target, ex, causal)
+        if isinstance(got, Finding):
+            return got
+        o, mo = got
+        err, bound, extra = judge(o, mo, o[0].size)
+        return ratio_finding(name, err, bound, ex, rigour="statistical", **mo["info"], **extra)
+
+    prop.__doc__ = judge.__doc__
+    return prop
+
+
+output_unbiased = _statistical("output-unbiased", _unbiased)
+output_mse = _statistical("output-mse", _mse)
