@@ -6,6 +6,7 @@ kernel printed first. Run from the repository root:
     OMP_NUM_THREADS=1 python benchmarks/compare.py memory  [--n 1024 4096 16384]
     OMP_NUM_THREADS=1 python benchmarks/compare.py oracle  [--rounds 3]
     python benchmarks/compare.py check [--rounds 2]
+    python benchmarks/compare.py variants [--limit 600]   (the ci check of every builtin variant, one process each)
 
 ``memory`` runs every entry in a fresh subprocess and reports the peak resident set size (ru_maxrss)
 above the RSS just before the call (after a warm-up call at N = 64): torch's CPU allocator does not go
@@ -288,17 +289,43 @@ def cmd_check(args: argparse.Namespace) -> None:
         print(f"| {label} | {cpu:.2f} s | {wall:.2f} s |")
 
 
+def cmd_variants(args: argparse.Namespace) -> None:
+    """The ci check of every builtin variant (causal where it has a causal mode), one process each."""
+    from gramcheck import variants as V
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT), GRAMCHECK_THREADS="1")
+    print("\n### `gramcheck check builtin:NAME [--causal]` (ci profile), one process per variant\n")
+    print("| variant | mode | CPU | wall | verdicts |\n| --- | --- | --- | --- | --- |")
+    for name in V.names():
+        causal = "causal" in V.get(name).tags()
+        cmd = [sys.executable, "-m", "gramcheck", "check", f"builtin:{name}", *(["--causal"] if causal else [])]
+        w0 = time.perf_counter()
+        r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        try:
+            out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False, timeout=args.limit).stdout
+            verdicts = out.strip().splitlines()[-1] if out.strip() else "no output"
+        except subprocess.TimeoutExpired:
+            verdicts = f"stopped after {args.limit} s"
+        r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime)
+        mode = "causal" if causal else "non-causal"
+        print(f"| {name} | {mode} | {cpu:.1f} s | {time.perf_counter() - w0:.1f} s | {verdicts} |", flush=True)
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "_rss":
         _rss(sys.argv[2], int(sys.argv[3]))
         return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["forms", "memory", "oracle", "check"])
+    ap.add_argument("what", choices=["forms", "memory", "oracle", "check", "variants"])
     ap.add_argument("--n", type=int, nargs="+", default=[1024, 4096, 16384])
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--limit", type=float, default=600.0, help="variants: seconds per check before it is stopped")
     args = ap.parse_args()
     print(environment())
-    {"forms": cmd_forms, "memory": cmd_memory, "oracle": cmd_oracle, "check": cmd_check}[args.what](args)
+    commands = {"forms": cmd_forms, "memory": cmd_memory, "oracle": cmd_oracle, "check": cmd_check,
+                "variants": cmd_variants}  # fmt: skip
+    commands[args.what](args)
 
 
 if __name__ == "__main__":

@@ -2,12 +2,14 @@
 
 ``truth`` evaluates the variant's definition in float64 ball arithmetic, which yields the float64
 result together with a rigorous bound on its distance from the exact real result (proofs/
-ball-arithmetic.md). Where that bound already meets the requested accuracy the float64 result is
-returned; elsewhere the definition is re-evaluated in mpmath ball arithmetic, on the batch items that
-fell short (and, for a causal evaluation of an exactly causal variant, only the tokens up to the last
-entry that fell short), with a precision chosen from the shortfall (the bits float64 lacked, plus guard
-bits) and raised by the shortfall measured at that precision until the bound is met or ``max_prec`` is
-reached. The returned bound always covers the final rounding to float64.
+ball-arithmetic.md), or through the variant's own certified float64 evaluation where it has one
+(``Variant.enclosure``: the delta rule, whose ball radii wrap; proofs/delta-enclosure.md). Where that
+bound already meets the requested accuracy the float64 result is returned; elsewhere the definition is
+re-evaluated in mpmath ball arithmetic, on the batch items that fell short (and, for a causal
+evaluation of an exactly causal variant, only the tokens up to the last entry that fell short), with a
+precision chosen from the shortfall (the bits float64 lacked, plus guard bits) and raised by the
+shortfall measured at that precision until the bound is met or ``max_prec`` is reached. The returned
+bound always covers the final rounding to float64.
 """
 
 from __future__ import annotations
@@ -80,9 +82,11 @@ def truth(
         raise ValueError("atol: got NaN entries; expected non-negative tolerances")
     tried: list[str] = []
 
-    ball = var.reference(q, k, v, causal=causal, arith=BALL_F64, **kwargs)
-    value = BALL_F64.to_float64(ball)
-    bound = BALL_F64.radius(ball)
+    certified = var.enclosure(q, k, v, causal=causal, **kwargs)  # the variant's own, where ball radii wrap
+    if certified is None:
+        ball = var.reference(q, k, v, causal=causal, arith=BALL_F64, **kwargs)
+        certified = BALL_F64.to_float64(ball), BALL_F64.radius(ball)
+    value, bound = certified
     tried.append("float64")
     finite = np.isfinite(value)
     tol = _tolerance(np.where(finite, value, 0.0), digits, atol)

@@ -120,6 +120,11 @@ def _channel_gate(name: str, g: Any, q: Any) -> Any:
     return g.transpose(1, 2)
 
 
+def _fla_state(initial_state: Any) -> Any:
+    """S_0 as fla's kernels keep states: float32 (exact for a low-precision S_0; chunk_gla asserts it)."""
+    return initial_state if initial_state is None or initial_state.dtype.itemsize >= 4 else initial_state.float()
+
+
 def _check(q: Any, k: Any, v: Any, causal: bool, initial_state: Any, cu_seqlens: Any) -> None:
     if not causal:
         raise ValueError("causal: got False; fla's recurrent kernels are causal only")
@@ -169,7 +174,7 @@ def chunk_gla(
     _check(q, k, v, causal, initial_state, cu_seqlens)
     gk = _channel_gate("g", g, q) / gate_tau
     o, ht = _fla("fla.ops.gla", "chunk_gla")(
-        _to_fla(q), _to_fla(k), _to_fla(v), gk, scale=scale, initial_state=initial_state,
+        _to_fla(q), _to_fla(k), _to_fla(v), gk, scale=scale, initial_state=_fla_state(initial_state),
         output_final_state=output_final_state, cu_seqlens=cu_seqlens,
     )  # fmt: skip
     return _out(o, ht, output_final_state)
@@ -192,7 +197,7 @@ def fused_recurrent_gla(
     _check(q, k, v, causal, initial_state, cu_seqlens)
     gk = _channel_gate("g", g, q) / gate_tau
     o, ht = _fla("fla.ops.gla", "fused_recurrent_gla")(
-        _to_fla(q), _to_fla(k), _to_fla(v), gk=gk, scale=scale, initial_state=initial_state,
+        _to_fla(q), _to_fla(k), _to_fla(v), gk=gk, scale=scale, initial_state=_fla_state(initial_state),
         output_final_state=output_final_state, cu_seqlens=cu_seqlens,
     )  # fmt: skip
     return _out(o, ht, output_final_state)
@@ -204,7 +209,7 @@ def _simple_gla(attr: str, q: Any, k: Any, v: Any, causal: bool, g: Any, scale: 
     _only("D", D, 0.0, "simple_gla has no skip connection D v_t")
     gs = _scalar_gate(attr, g, q) / gate_tau
     o, ht = _fla("fla.ops.simple_gla", attr)(
-        _to_fla(q), _to_fla(k), _to_fla(v), g=gs, scale=scale, initial_state=initial_state,
+        _to_fla(q), _to_fla(k), _to_fla(v), g=gs, scale=scale, initial_state=_fla_state(initial_state),
         output_final_state=output_final_state, cu_seqlens=cu_seqlens,
     )  # fmt: skip
     return _out(o, ht, output_final_state)
@@ -254,7 +259,7 @@ def _linear(attr: str, q: Any, k: Any, v: Any, causal: bool, feature: str, divis
     _check(q, k, v, causal, initial_state, cu_seqlens)
     _only("feature", feature, "identity", "fla's linear_attn kernels apply no feature map")
     o, ht = _fla("fla.ops.linear_attn", attr)(
-        _to_fla(q), _to_fla(k), _to_fla(v), scale=1.0 / divisor, initial_state=initial_state,
+        _to_fla(q), _to_fla(k), _to_fla(v), scale=1.0 / divisor, initial_state=_fla_state(initial_state),
         output_final_state=output_final_state, normalize=False, cu_seqlens=cu_seqlens,
     )  # fmt: skip
     return _out(o, ht, output_final_state)
@@ -318,7 +323,7 @@ def _retention(attr: str, q: Any, k: Any, v: Any, causal: bool, gamma: Any, scal
     _only("gamma", gamma, None, "fla fixes gamma_h = 1 - 2^(-5-h)")
     _only("group_norm", group_norm, False, "the kernel returns the retention before GroupNorm")
     o, ht = _fla("fla.ops.retention", attr)(
-        _to_fla(q), _to_fla(k), _to_fla(v), scale=scale, initial_state=initial_state,
+        _to_fla(q), _to_fla(k), _to_fla(v), scale=scale, initial_state=_fla_state(initial_state),
         output_final_state=output_final_state, cu_seqlens=cu_seqlens,
     )  # fmt: skip
     return _out(o, ht, output_final_state)
@@ -409,7 +414,7 @@ def fused_recurrent_delta_rule(
     _only("l2norm_eps", l2norm_eps, 1e-6, "fla's in-kernel l2norm adds 1e-6")
     o, ht = _fla("fla.ops.delta_rule", "fused_recurrent_delta_rule")(
         _to_fla(q), _to_fla(k), _to_fla(v), beta=_per_token("beta", beta, q), scale=scale,
-        initial_state=initial_state, output_final_state=output_final_state, use_qk_l2norm_in_kernel=l2norm,
+        initial_state=_fla_state(initial_state), output_final_state=output_final_state, use_qk_l2norm_in_kernel=l2norm,
         cu_seqlens=cu_seqlens,
     )  # fmt: skip
     return _out(o, ht, output_final_state)
@@ -421,7 +426,7 @@ def _gated_delta(attr: str, q: Any, k: Any, v: Any, causal: bool, g: Any, beta: 
     _only("l2norm_eps", l2norm_eps, 1e-6, "fla's in-kernel l2norm adds 1e-6")
     o, ht = _fla("fla.ops.gated_delta_rule", attr)(
         _to_fla(q), _to_fla(k), _to_fla(v), g=_scalar_gate(attr, g, q), beta=_per_token("beta", beta, q),
-        scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+        scale=scale, initial_state=_fla_state(initial_state), output_final_state=output_final_state,
         use_qk_l2norm_in_kernel=l2norm, cu_seqlens=cu_seqlens,
     )  # fmt: skip
     return _out(o, ht, output_final_state)
@@ -475,8 +480,8 @@ def _rwkv6(attr: str, q: Any, k: Any, v: Any, causal: bool, g: Any, u: Any, scal
     if tuple(u.shape) != (H, dk):
         raise ValueError(f"u: got shape {tuple(u.shape)}; expected ({H}, {dk}) (H, d_k)")
     o, ht = _fla("fla.ops.rwkv6", attr)(
-        _to_fla(q), _to_fla(k), _to_fla(v), _channel_gate("g", g, q), u, scale=scale, initial_state=initial_state,
-        output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+        _to_fla(q), _to_fla(k), _to_fla(v), _channel_gate("g", g, q), u, scale=scale,
+        initial_state=_fla_state(initial_state), output_final_state=output_final_state, cu_seqlens=cu_seqlens,
     )  # fmt: skip
     return _out(o, ht, output_final_state)
 
@@ -522,7 +527,7 @@ def _lightning(attr: str, q: Any, k: Any, v: Any, causal: bool, scale: Any, laye
     _check(q, k, v, causal, initial_state, cu_seqlens)
     o, ht = _fla("fla.ops.lightning_attn", attr)(
         _to_fla(q), _to_fla(k), _to_fla(v), layer_idx=layer_idx, num_layers=num_layers, scale=scale,
-        initial_state=initial_state, output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+        initial_state=_fla_state(initial_state), output_final_state=output_final_state, cu_seqlens=cu_seqlens,
     )  # fmt: skip
     return _out(o, ht, output_final_state)
 

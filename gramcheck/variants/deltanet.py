@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from ..delta_enclosure import enclosure
 from ..delta_forms import delta_rule
 from ..hyperparams import scale_value
 from ..inputs import InputSpec, scalar_log_decay
@@ -205,6 +206,7 @@ VARIANTS = [
         forms=("chunked", "recurrent"),
         declares=_TAGS,
         reference_fn=reference,
+        enclosure_fn=enclosure,
         torch_fn=torch_forward,
         inputs=(BETA,),
         recurrence="delta",
@@ -219,6 +221,7 @@ VARIANTS = [
         forms=("chunked", "recurrent"),
         declares=_TAGS | {"gated"},
         reference_fn=reference,
+        enclosure_fn=enclosure,
         torch_fn=torch_forward,
         inputs=(scalar_log_decay("g"), BETA),
         recurrence="delta",

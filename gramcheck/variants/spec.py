@@ -7,6 +7,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from ..arith import F64
 from ..hyperparams import check_scale, scale_value
 from ..inputs import InputSpec, check_extras
@@ -82,6 +84,8 @@ class Variant:
     tags_fn: Callable[[Mapping[str, Any]], frozenset[str]] | None = field(default=None, repr=False)
     decay_fn: Callable[[Mapping[str, Any], Mapping[str, Any], int], float] | None = field(default=None, repr=False)
     jacobian_fn: Callable[..., dict[str, float]] | None = field(default=None, repr=False)
+    # a certified float64 evaluation cheaper than ball arithmetic: (value, bound) (``enclosure``)
+    enclosure_fn: Callable[..., tuple[Any, Any]] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         unknown = set(self.declares) - set(TAGS)
@@ -228,6 +232,22 @@ class Variant:
             return run_packed(one, q, k, v, opts, {**params, **extras}, concat=cat)
         state = {k: opts[k] for k in ("initial_state", "output_final_state") if k in opts}
         return _evaluate(self.reference_fn, arith, (q, k, v), params, extras, causal=causal, **state)
+
+    def enclosure(self, q: Any, k: Any, v: Any, *, causal: bool = False, **kwargs: Any) -> tuple[Any, Any] | None:
+        """The output on float64 inputs as (value, bound), float64 arrays with |value - exact| <= bound
+        componentwise, from the variant's own certified float64 evaluation (``enclosure_fn``); None where
+        it has none for this call (the oracle then evaluates the definition in ball arithmetic)."""
+        if self.enclosure_fn is None:
+            return None
+        params, extras = self.split_kwargs(kwargs)
+        self.check_causal(causal)
+        self._check(q, k, v, extras)
+        opts = self._options(kwargs, causal, q, v)
+        if set(opts) - {"initial_state"}:
+            return None  # final states and packed sequences: the ball arithmetic
+        arrays = {n: np.asarray(x, dtype=np.float64) for n, x in {**extras, **opts}.items()}
+        qkv = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+        return self.enclosure_fn(*qkv, causal=causal, **params, **arrays)
 
     def _options(self, kwargs: Mapping[str, Any], causal: bool, q: Any, v: Any) -> dict[str, Any]:
         """The call options given (not None / False); state passing only where the variant declares it."""
