@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from .featuremaps import FAVOR_KINDS
+from .precision import gamma
 from .validation import check_choice
 
 
@@ -95,8 +96,16 @@ def favor_output_moments(
         total = kappa.sum()
         r = kappa @ vs / total
         c = vs - r
-        rel_b = sigma.sum() / total**2  # var_B / b^2
-        rel_c = np.einsum("jc,jl,lc->c", c, sigma, c) / total**2  # var_c / b^2
+        # var_B / b^2 and var_c / b^2, each raised by its float64 rounding (sums of n^2 signed terms, and
+        # c's own error dr): never below the exact value, never negative (var_c = 0 for repeated keys)
+        grow = gamma(n * n + 10)
+        dr = gamma(n + 2) * np.max(np.abs(vs), axis=0)
+        mag = np.abs(sigma)
+        rel_b = (max(sigma.sum(), 0.0) + grow * mag.sum()) / total**2
+        rel_c = np.einsum("jc,jl,lc->c", c, sigma, c)
+        slack = grow * np.einsum("jc,jl,lc->c", np.abs(c), mag, np.abs(c))
+        slack += np.einsum("jc,jl->c", 2.0 * np.abs(c) + dr, mag) * dr
+        rel_c = (np.maximum(rel_c, 0.0) + slack) / total**2
         spread = np.max(np.abs(c), axis=0)
         with np.errstate(divide="ignore", over="ignore"):
             chebyshev = np.minimum(1.0, rel_b / (1.0 - theta) ** 2)

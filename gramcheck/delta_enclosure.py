@@ -22,11 +22,20 @@ from .arith import BALL_F64
 from .hyperparams import scale_value
 from .precision import gamma
 
-U = 2.0**-53
-# covers the float64 rounding of the bound's own evaluation (relative (N (d_k + d_v) + 20) u at most:
-# below 2^-20 for N (d_k + d_v) < 2^30) and the absolute error of underflowing products
+# covers the float64 rounding of the bound's own evaluation: relative (N + d_k d_v + d_k + 20) u at most,
+# below 2^-20 while that count is below 2^30 (larger problems are left to the balls)
 SAFETY = 1.0 + 2.0**-20
-TINY = 2.0**-1000
+LIMIT = 2**30
+ETA = 2.0**-1074  # the absolute error a product can make when its result underflows (Higham, eq. (2.8))
+TINY = 2.0**-1000  # added to every bound: the underflow of the bound's own products
+
+
+def _norm(x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+    """The 2-norm of the non-negative x over ``axes``, scaled by the largest entry so that the squares
+    cannot underflow (an underflowing error norm would drop accumulated error from the bound)."""
+    top = np.max(x, axis=axes, keepdims=True)
+    scaled = np.sqrt(np.sum((x / np.where(top > 0, top, 1.0)) ** 2, axis=axes))
+    return np.squeeze(top, axis=axes) * scaled
 
 
 def _abs_dot(x: np.ndarray, m: np.ndarray) -> np.ndarray:
@@ -49,11 +58,14 @@ def enclosure(
 ) -> tuple[np.ndarray, np.ndarray]:
     """(o^, bound) with |o^ - o| <= bound componentwise, o the exact output of the variant's definition
     (variants.deltanet.reference) on the float64 inputs q, k (B, H, N, d_k), v (B, H, N, d_v), beta, g
-    (B, H, N), S_0 (B, H, d_k, d_v). Entries whose bound is not finite are left to the oracle's balls."""
+    (B, H, N), S_0 (B, H, d_k, d_v). Entries whose bound is not finite are left to the oracle's balls;
+    None for a problem too large for the bound's own rounding allowance (``LIMIT``)."""
     from .variants.deltanet import l2_normalise
 
     B, H, N, dk = q.shape
     dv = v.shape[-1]
+    if N + dk * dv + dk + 20 >= LIMIT:
+        return None
     # the inputs of the recurrence through balls: normalised, scaled q and k, alpha = exp(g)
     with BALL_F64.context():
         qb, kb = BALL_F64.asarray(q), BALL_F64.asarray(k)
@@ -77,30 +89,34 @@ def enclosure(
             a = BALL_F64.to_float64(ab)[:, :, t]
             ra = BALL_F64.radius(ab)[:, :, t]
             s = a[..., None, None] * state
-            ds = g1 * np.abs(s) + ra[..., None, None] * np.abs(state)  # |s^ - alpha S^|
+            ds = g1 * np.abs(s) + ra[..., None, None] * np.abs(state) + ETA  # |s^ - alpha S^|
             alpha_hi = a + ra
         p = np.einsum("bhk,bhkv->bhv", kt, s)
         sa = np.abs(s)
-        dp = gk * _abs_dot(Kt, sa) + _abs_dot(rt, sa) + _abs_dot(Kt, np.broadcast_to(ds, sa.shape))
+        dp = gk * _abs_dot(Kt, sa) + _abs_dot(rt, sa) + _abs_dot(Kt, np.broadcast_to(ds, sa.shape)) + dk * ETA
         delta = b[..., None] * (v[:, :, t] - p)
-        ddelta = g2 * np.abs(b)[..., None] * (np.abs(v[:, :, t]) + np.abs(p)) + np.abs(b)[..., None] * dp
+        ddelta = g2 * np.abs(b)[..., None] * (np.abs(v[:, :, t]) + np.abs(p)) + np.abs(b)[..., None] * dp + ETA
         new = s + kt[..., :, None] * delta[..., None, :]
         rho = (
             g2 * (sa + np.abs(kt)[..., :, None] * np.abs(delta)[..., None, :])
             + ds
             + rt[..., :, None] * np.abs(delta)[..., None, :]
             + Kt[..., :, None] * ddelta[..., None, :]
+            + ETA
             + TINY
         )
-        norm_hi = np.sum(Kt**2, axis=-1)
-        norm_lo = np.sum(np.maximum(np.abs(kt) - rt, 0.0) ** 2, axis=-1)
+        # |k|^2 in [norm_lo, norm_hi], widened by the sums' own rounding (and underflow)
+        norm_hi = np.sum(Kt**2, axis=-1) * (1.0 + gk) + dk * ETA
+        norm_lo = np.sum(np.maximum(np.abs(kt) - rt, 0.0) ** 2, axis=-1) * (1.0 - gk)
         lipschitz = alpha_hi * np.maximum(1.0, np.maximum(np.abs(1.0 - b * norm_lo), np.abs(1.0 - b * norm_hi)))
-        err = lipschitz * err + np.sqrt(np.sum(rho**2, axis=(-2, -1)))
+        err = lipschitz * err + _norm(rho, (-2, -1))
         state = new
         qt, aq = qm[:, :, t], np.abs(state)
         out[:, :, t] = np.einsum("bhk,bhkv->bhv", qt, state)
-        q_norm = np.sqrt(np.sum(qa[:, :, t] ** 2, axis=-1))
-        bound[:, :, t] = gk * _abs_dot(np.abs(qt), aq) + _abs_dot(rq[:, :, t], aq) + (err * q_norm)[..., None]
+        q_norm = _norm(qa[:, :, t], (-1,))
+        bound[:, :, t] = (
+            gk * _abs_dot(np.abs(qt), aq) + _abs_dot(rq[:, :, t], aq) + (err * q_norm)[..., None] + dk * ETA
+        )
     bound = bound * SAFETY + TINY
     bad = ~(np.isfinite(out) & np.isfinite(bound))
     return np.where(bad, 0.0, out), np.where(bad, np.inf, bound)

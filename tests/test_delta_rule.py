@@ -597,3 +597,33 @@ def test_the_oracle_certifies_the_delta_rule_in_float64():
     q, k, v = (rng.standard_normal((1, 1, 200, 32)) for _ in range(3))
     t = truth("deltanet", q, k, v, causal=True, digits=None, atol=1e-9, beta=rng.uniform(0.0, 2.0, (1, 1, 200)))
     assert t.arithmetic == "float64" and t.met
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["scaled-2^-600", "gate-underflow-large-key", "product-underflow-large-beta"],
+)
+def test_enclosure_survives_underflow(case):
+    """Inputs a review found to break an earlier version: error norms whose squares underflowed, and
+    underflowing products amplified by large keys or a large beta (proofs/delta-enclosure.md)."""
+    rng = np.random.default_rng(0)
+    q = np.array([[[[1.0, 0.0]]]])
+    v = np.zeros((1, 1, 1, 2))
+    if case == "scaled-2^-600":
+        name = "gated-deltanet"
+        q, k, v = (rng.standard_normal((1, 1, 60, 4)) for _ in range(3))
+        kw = {"beta": rng.uniform(0, 2, (1, 1, 60)), "g": -rng.exponential(0.02, (1, 1, 60))}
+        s0, v = rng.standard_normal((1, 1, 4, 4)) * 2.0**-600, v * 2.0**-600
+    elif case == "gate-underflow-large-key":
+        name, k = "gated-deltanet", np.array([[[[1e20, 0.0]]]])
+        s0 = np.array([[[[1.2345678e-10, 0.3], [0.7, 0.1]]]])
+        kw = {"beta": np.ones((1, 1, 1)), "g": np.full((1, 1, 1), -700.0), "l2norm": False, "scale": 1.0}
+    else:
+        name, k = "deltanet", np.array([[[[1e-40, 3e-41]]]])
+        s0 = np.array([[[[1.2345e-280, 2.2e-280], [3.3e-280, 1.7e-280]]]])
+        kw = {"beta": np.full((1, 1, 1), 0.7e80), "l2norm": False, "scale": 1.0}
+    var = V.get(name)
+    value, bound = var.enclosure(q, k, v, causal=True, initial_state=s0, **kw)
+    ar = BallMP(400)
+    exact = ar.to_float64(var.reference(q, k, v, causal=True, arith=ar, initial_state=s0, **kw))
+    assert np.all(np.abs(value - exact) <= bound), (np.abs(value - exact), bound)
