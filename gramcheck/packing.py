@@ -62,12 +62,12 @@ def run_packed(
     outs, states = [], []
     for i in range(S):
         a, b = int(cu[i]), int(cu[i + 1])
-        kw = {n: (x[:, :, a:b] if per_token(x, B, H, N) else x) for n, x in kwargs.items()}
+        kw = {n: (_own(x[:, :, a:b]) if per_token(x, B, H, N) else x) for n, x in kwargs.items()}
         if s0 is not None:
             kw["initial_state"] = s0[i : i + 1]
         if want_state:
             kw["output_final_state"] = True
-        r = fn(q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], **kw)
+        r = fn(_own(q[:, :, a:b]), _own(k[:, :, a:b]), _own(v[:, :, a:b]), **kw)
         if want_state:
             outs.append(r[0])
             states.append(r[1])
@@ -76,6 +76,17 @@ def run_packed(
     cat = concat or _default_concat(outs[0])
     out = cat(outs, 2)
     return (out, cat(states, 0)) if want_state else out
+
+
+def _own(x: Any) -> Any:
+    """A sequence's slice in memory of its own: a view starts wherever the sequence starts in the packed
+    row, and BLAS kernels round differently at different alignments, so the bits of a sequence's output
+    would depend on the sequences before it (packing-isolation is bit-exact)."""
+    if hasattr(x, "clone"):
+        return x.clone()
+    if isinstance(x, np.ndarray):
+        return x.copy()
+    return x
 
 
 def _default_concat(x: Any) -> Callable[[list[Any], int], Any]:

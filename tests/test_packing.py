@@ -61,3 +61,15 @@ def test_bad_cu_seqlens_is_a_clear_error(cu, match):
         check_cu_seqlens(np.array(cu), 10, 1)
     with pytest.raises(ValueError, match="^q: got batch 2"):
         check_cu_seqlens(np.array([0, 10]), 10, 2)
+
+
+def test_isolation_of_a_causal_rounding_variant_is_judged_within_rounding():
+    """A variant causal only up to rounding (a stabiliser cancelling in exact arithmetic) is held to the
+    two runs' rounding bounds, as by the causality property; the gla leak above stays bit-exact."""
+    r = check("builtin:qknorm-performer", causal=True, properties=["packing-isolation"],
+              domain={"max_n": 96, "max_d": 16})  # fmt: skip
+    f = r.findings[0]
+    assert f.passed and f.details["mode"] == "rounding", r.summary()
+    leak = check(gla_packed_leaking_state, "gla", causal=True, properties=["packing-isolation"],
+                 domain={"max_n": 96, "max_d": 16})  # fmt: skip
+    assert not leak.passed and leak.findings[0].details["mode"] == "bit-exact"
