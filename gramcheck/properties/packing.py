@@ -225,9 +225,7 @@ def packing_isolation(target: Target, ex: AttentionInputs, *, causal: bool) -> F
         if rounding:
             both = bound_of(target, ex, causal=causal) + bound_of(target, changed, causal=causal)
             tol[:, :, a:b] = both[:, :, a:b]
-        d = np.abs(out[:, :, a:b] - base[:, :, a:b])
-        both_nan = np.isnan(out[:, :, a:b]) & np.isnan(base[:, :, a:b])
-        diffs[:, :, a:b] = np.where(both_nan, 0.0, np.where(np.isnan(d), np.inf, d))
+        diffs[:, :, a:b] = _diff(out[:, :, a:b], base[:, :, a:b])  # equal infinities and NaN in both agree
     return parts_finding(
         "packing-isolation",
         ex,
