@@ -226,7 +226,7 @@ CATALOGUE: tuple[Property, ...] = (
         packing.packing_isolation,
         packing.packable,
         "state-passing.md",
-        "no token of one packed sequence changes another's output (bit-exact)",
+        "no token of one packed sequence changes another's output (bit-exact unless causal-rounding)",
     ),
     Property(
         "backward-agreement",
