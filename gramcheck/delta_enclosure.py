@@ -76,6 +76,7 @@ def enclosure(
     qm, rq = BALL_F64.to_float64(qb), BALL_F64.radius(qb)
     km, rk = BALL_F64.to_float64(kb), BALL_F64.radius(kb)
     qa, ka = np.abs(qm) + rq, np.abs(km) + rk  # |q|, |k| of the exact inputs (and of the midpoints)
+    am, ram = (None, None) if ab is None else (BALL_F64.to_float64(ab), BALL_F64.radius(ab))
     g1, g2, gk = gamma(1), gamma(2), gamma(dk)
     state = np.zeros((B, H, dk, dv)) if initial_state is None else np.asarray(initial_state, dtype=np.float64)
     err = np.zeros((B, H))  # |E_t|_F
@@ -83,11 +84,10 @@ def enclosure(
     bound = np.empty((B, H, N, dv))
     for t in range(N):
         kt, rt, Kt, b = km[:, :, t], rk[:, :, t], ka[:, :, t], beta[:, :, t]
-        if ab is None:
+        if am is None:
             s, ds, alpha_hi = state, 0.0, 1.0
         else:
-            a = BALL_F64.to_float64(ab)[:, :, t]
-            ra = BALL_F64.radius(ab)[:, :, t]
+            a, ra = am[:, :, t], ram[:, :, t]
             s = a[..., None, None] * state
             ds = g1 * np.abs(s) + ra[..., None, None] * np.abs(state) + ETA  # |s^ - alpha S^|
             alpha_hi = a + ra

@@ -84,6 +84,7 @@ class Target:
     rebuild: tuple[str, Any] | None = field(default=None, repr=False, compare=False)
     isolation: str = field(default="thread", compare=False)
     draw_seed: int = field(default=0, compare=False)  # seeds a target's own draws (``call_torch``)
+    _own: tuple[Any, tuple[str, ...]] | None = field(default=None, init=False, repr=False, compare=False)
     _process: Any = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -176,17 +177,11 @@ class Target:
     @property
     def own_draws(self) -> tuple[str, ...]:
         """The variant's random inputs (``InputSpec.size_param``) the callable draws itself: it takes no
-        keyword of that name. Such a target is checked statistically (gramcheck.properties.statistical)."""
-        import inspect
-
-        try:
-            sig = inspect.signature(self.fn)
-        except (TypeError, ValueError):
-            return ()  # no signature to read: the calling convention is assumed
-        ps = sig.parameters.values()
-        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in ps):
-            return ()
-        return tuple(s.name for s in self.variant.inputs if s.size_param and s.name not in sig.parameters)
+        keyword of that name. Such a target is checked statistically (gramcheck.properties.statistical).
+        Read off the signature once per callable (every call asks)."""
+        if self._own is None or self._own[0] is not self.fn:
+            self._own = (self.fn, _own_draws(self.fn, self.variant))
+        return self._own[1]
 
     @property
     def passes_state(self) -> bool:
@@ -331,6 +326,18 @@ class Target:
     def reference(self, q: Any, k: Any, v: Any, *, causal: bool, **extras: Any) -> np.ndarray:
         """The variant's float64 reference with this target's hyperparameters."""
         return np.asarray(self.variant.reference(q, k, v, causal=causal, **self.params, **extras))
+
+
+def _own_draws(fn: Callable[..., Any], variant: Variant) -> tuple[str, ...]:
+    import inspect
+
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return ()  # no signature to read: the calling convention is assumed
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values()):
+        return ()
+    return tuple(s.name for s in variant.inputs if s.size_param and s.name not in sig.parameters)
 
 
 @contextlib.contextmanager

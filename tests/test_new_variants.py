@@ -525,3 +525,19 @@ def test_builtin_passes_its_catalogue(name):
     rep = check(f"builtin:{name}", causal=True, dtype="float32", domain={"max_n": 16, "max_d": 8})
     assert len(rep.findings) >= 5
     assert rep.passed, [(f.name, f.measured, f.details) for f in rep.failures]
+
+
+@pytest.mark.parametrize("name", ["rwkv6", "lightning"])
+def test_scale_rules_reach_the_reference_and_the_forms(name):
+    """scale="d^-1" means 1/d in the reference and in the torch forms (hyperparams.scale_value)."""
+    from gramcheck.inputs import draw_extras
+
+    var = V.get(name)
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, 2, 9, 4)) for _ in range(3))
+    extras = draw_extras(var.inputs, {"B": 1, "H": 2, "N": 9, "dk": 4, "dv": 4, "m": 8}, dtype="float64", seed=1)
+    rule = var.reference(q, k, v, causal=True, scale="d^-1", **extras)
+    assert np.array_equal(rule, var.reference(q, k, v, causal=True, scale=0.25, **extras))
+    t = {n: torch.as_tensor(x) for n, x in {"q": q, "k": k, "v": v, **extras}.items()}
+    out = var.torch(t.pop("q"), t.pop("k"), t.pop("v"), causal=True, scale="d^-1", **t)
+    assert np.allclose(out.numpy(), rule, rtol=1e-10, atol=1e-12)

@@ -21,14 +21,15 @@ variant follows fla, as the conventions ask.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from ..forms import linear_recurrence
+from ..hyperparams import scale_value
 from ..state import gated_scan, torch_gate_dtype, torch_with_state
+from ..torch_arith import TORCH
 from .spec import Variant
 
 
@@ -44,10 +45,6 @@ def log_decays(n_heads: int, layer_idx: int, num_layers: int) -> np.ndarray:
 def decay_bound(params: Mapping[str, Any], extras: Mapping[str, Any], n_heads: int) -> float:
     """alpha_max = max_h lambda_h (1.0 for head 0: no bound over all heads)."""
     return float(np.exp(log_decays(n_heads, params["layer_idx"], params["num_layers"]).max()))
-
-
-def _scale(scale: float | None, dk: int) -> float:
-    return 1.0 / math.sqrt(dk) if scale is None else float(scale)
 
 
 def reference(
@@ -66,7 +63,7 @@ def reference(
     """The definition, one token at a time from S_0 (arithmetic-generic)."""
     B, H, N, dk = q.shape
     lg = np.broadcast_to(log_decays(H, layer_idx, num_layers)[:, None, None], (B, H, N, 1))
-    s = 1.0 / ar.sqrt(ar.const(dk)) if scale is None else scale
+    s = scale_value(ar, scale, dk)
     out, state = gated_scan(ar, q * s, k, v, ar.asarray(lg), initial_state)
     return (out, state) if output_final_state else out
 
@@ -90,7 +87,7 @@ def torch_forward(
     B, H, N, dk = q.shape
     lg = torch.as_tensor(log_decays(H, layer_idx, num_layers), dtype=torch_gate_dtype(q), device=q.device)
     g = lg.reshape(1, H, 1, 1).expand(B, H, N, 1)
-    qs = q * _scale(scale, dk)
+    qs = q * scale_value(TORCH, scale, dk)
     out = linear_recurrence(qs, k, v, g, causal=True, form=form, chunk_size=chunk_size)
     if initial_state is None and not output_final_state:
         return out

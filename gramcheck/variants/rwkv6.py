@@ -32,15 +32,16 @@ because masked_fill overwrites; a multiply-by-mask would give NaN).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from ..forms import linear_recurrence
+from ..hyperparams import scale_value
 from ..inputs import channel_log_decay, head_channel
 from ..state import torch_gate_dtype, torch_with_state
+from ..torch_arith import TORCH
 from .spec import Variant
 
 
@@ -76,7 +77,7 @@ def reference(
     """The definition, one token at a time from S_0 (arithmetic-generic)."""
     B, H, N, dk = q.shape
     _check_extras(g, u, B, H, N, dk)
-    s = 1.0 / ar.sqrt(ar.const(dk)) if scale is None else scale
+    s = scale_value(ar, scale, dk)
     r = q * s
     alpha = ar.exp(g)
     bonus = u[None, :, :, None]  # (1, H, d_k, 1)
@@ -113,7 +114,7 @@ def torch_forward(
 ) -> Any:
     B, H, N, dk = q.shape
     _check_extras(g, u, B, H, N, dk)
-    r = q * (1.0 / math.sqrt(dk) if scale is None else scale)
+    r = q * scale_value(TORCH, scale, dk)
     g_prev = shift_one(g)
     out = linear_recurrence(r, shift_one(k), shift_one(v), g_prev, causal=True, form=form, chunk_size=chunk_size)
     current = (r * u.to(r.dtype)[None, :, None, :] * k).sum(-1, keepdim=True) * v

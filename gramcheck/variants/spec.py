@@ -218,10 +218,7 @@ class Variant:
     def reference(self, q: Any, k: Any, v: Any, *, causal: bool = False, arith: Any = F64, **kwargs: Any) -> Any:
         """Evaluate the definition on float64 NumPy inputs in arithmetic ``arith``; returns that
         arithmetic's array (an ndarray for F64 and MP, a Ball for the ball arithmetics)."""
-        params, extras = self.split_kwargs(kwargs)
-        self.check_causal(causal)
-        self._check(q, k, v, extras)
-        opts = self._options(kwargs, causal, q, v)
+        params, extras, opts = self._call(q, k, v, causal, kwargs)
         if opts.get("cu_seqlens") is not None:
             from ..packing import run_packed
 
@@ -239,15 +236,21 @@ class Variant:
         it has none for this call (the oracle then evaluates the definition in ball arithmetic)."""
         if self.enclosure_fn is None:
             return None
-        params, extras = self.split_kwargs(kwargs)
-        self.check_causal(causal)
-        self._check(q, k, v, extras)
-        opts = self._options(kwargs, causal, q, v)
+        params, extras, opts = self._call(q, k, v, causal, kwargs)
         if set(opts) - {"initial_state"}:
             return None  # final states and packed sequences: the ball arithmetic
         arrays = {n: np.asarray(x, dtype=np.float64) for n, x in {**extras, **opts}.items()}
         qkv = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
         return self.enclosure_fn(*qkv, causal=causal, **params, **arrays)
+
+    def _call(
+        self, q: Any, k: Any, v: Any, causal: bool, kwargs: Mapping[str, Any]
+    ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+        """(hyperparameters, extra inputs, call options) of a call on the definition, each checked."""
+        params, extras = self.split_kwargs(kwargs)
+        self.check_causal(causal)
+        self._check(q, k, v, extras)
+        return params, extras, self._options(kwargs, causal, q, v)
 
     def _options(self, kwargs: Mapping[str, Any], causal: bool, q: Any, v: Any) -> dict[str, Any]:
         """The call options given (not None / False); state passing only where the variant declares it."""
