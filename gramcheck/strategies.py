@@ -18,7 +18,7 @@ What each kind promises, recorded in ``AttentionInputs.meta`` and checked in tes
 * ``near-duplicate``  a fraction f of keys are copies of one key plus a perturbation of norm delta
                       (meta: fraction, delta; measured: max distance to the anchor key).
 * ``outliers``        n_out tokens of q, k, v whose norm is scale = 10..1000 times the median norm
-                      (attention sinks); meta: scale.
+                      of the other tokens (over all batches and heads): attention sinks; meta: scale.
 * ``heavy-tail``      Student-t entries with nu in [1, 4] degrees of freedom, and per-head and
                       per-channel scales spanning up to 10^s (mixed scales).
 * ``overflow``        rows scaled to a norm R chosen so that exp(R^2 / sqrt(d)) overflows the dtype
@@ -212,7 +212,7 @@ def _qkv(draw: Any, kind: str, B: int, H: int, N: int, d: int, dv: int, dtype: s
         q, k, v = g(shape), g(shape), g(vshape)
         idx = rng.choice(N, size=n_out, replace=False)
         for x in (q, k, v):
-            med = np.median(np.linalg.norm(x, axis=-1))
+            med = np.median(np.delete(np.linalg.norm(x, axis=-1), idx, axis=-1)) if n_out < N else 1.0
             row = x[:, :, idx]
             x[:, :, idx] = row / np.linalg.norm(row, axis=-1, keepdims=True) * scale * med
         meta.update(scale=scale, outliers=sorted(idx.tolist()))

@@ -90,9 +90,8 @@ def test_outlier_tokens_have_the_drawn_norm_ratio(data):
         norms = np.linalg.norm(x, axis=-1)
         rest = np.delete(norms, idx, axis=-1)
         if rest.size:
-            # outliers sit at scale x the median row norm (taken before they were planted)
-            ratio = norms[:, :, idx].min() / np.median(rest)
-            assert ratio >= 0.3 * ex.meta["scale"], (ratio, ex.meta["scale"])
+            # every outlier row sits at scale x the median norm of the other rows, up to float32 rounding
+            np.testing.assert_allclose(norms[:, :, idx], ex.meta["scale"] * np.median(rest), rtol=1e-5)
 
 
 @MANY
