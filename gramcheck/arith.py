@@ -565,21 +565,23 @@ class RoundedArith(BallArith):
     even, via ``precision.round_to``); products and sums are accumulated in float64 and rounded once,
     as a bf16/fp16 matmul with float32 accumulation does. Radii stay zero: this is a plain arithmetic
     that reuses Ball's operators. It is the naive reference of the low-precision rule
-    (proofs/low-precision-rule.md)."""
+    (proofs/low-precision-rule.md). ``wide_range`` rounds to the dtype's significand in float64's
+    exponent range, which tells the dtype's rounding from its underflow and overflow."""
 
     enclosing = False
 
-    def __init__(self, dtype: Any):
+    def __init__(self, dtype: Any, *, wide_range: bool = False):
         from .precision import dtype_name
 
         super().__init__(_F64Backend())
         self.dtype = dtype_name(dtype)
-        self.name = f"rounded-{self.dtype}"
+        self.wide_range = wide_range
+        self.name = f"rounded-{self.dtype}" + ("-wide" if wide_range else "")
 
     def _r(self, y: Any) -> Ball:
         from .precision import round_to
 
-        return Ball(self, round_to(y, self.dtype), np.zeros(np.shape(y)))
+        return Ball(self, round_to(y, self.dtype, wide_range=self.wide_range), np.zeros(np.shape(y)))
 
     def asarray(self, x: Any) -> Ball:
         return self._r(np.asarray(x, dtype=np.float64))

@@ -108,15 +108,17 @@ def max_finite(dtype: Any) -> float:
     return _RANGE[dtype_name(dtype)][1]
 
 
-def round_to(x: Any, dtype: Any) -> np.ndarray:
+def round_to(x: Any, dtype: Any, *, wide_range: bool = False) -> np.ndarray:
     """x (float64) rounded to the nearest value of ``dtype`` (ties to even, subnormals kept, overflow to
     +-inf), returned as float64 so a reference evaluates exactly what a target in ``dtype`` receives.
-    NumPy only: p significand bits and the subnormal exponent define the grid."""
+    NumPy only: p significand bits and the subnormal exponent define the grid. ``wide_range`` keeps the
+    significand bits and takes float64's exponent range: the rounding without the dtype's underflow
+    and overflow."""
     name = dtype_name(dtype)
     x = np.asarray(x, dtype=np.float64)
     if name == "float64":
         return x.copy()
-    sub_exp, big = _RANGE[name]
+    sub_exp, big = _RANGE["float64" if wide_range else name]
     p = _BITS[name]
     with np.errstate(over="ignore", invalid="ignore"):
         _, e = np.frexp(x)  # x = f 2^e, 0.5 <= |f| < 1

@@ -244,3 +244,44 @@ def test_jacobian_norm_falls_back_for_a_custom_backward_vmap_cannot_batch():
         jacobian(lambda x: softmax_with_custom_backward(x, q, q, causal=False), q, vectorize=True)
     r = check(softmax_with_custom_backward, "softmax", dtype="float64", properties=["jacobian-norm"])
     assert r.passed, r.summary() + str(r.findings[0].details)
+
+
+def test_rows_the_dtypes_range_decided_are_not_judged_by_the_low_precision_rule():
+    """FAVOR+ hyperbolic, causal, float32, entries of norm ~30: key and query features underflow into
+    float32's subnormals, so the definition in float32 returns, on some rows, values quantised by the
+    subnormal grid (not by rounding). A target's NaN on such a row is range exhaustion the definition
+    shares and is counted, not judged; a NaN on a row the dtype computes within its range fails."""
+    from gramcheck import variants as V
+    from gramcheck.agreement import check_agreement, naive_definition, rounding_bound
+    from gramcheck.featuremaps import random_projection
+    from gramcheck.precision import round_to
+    from gramcheck.targets import builtin
+
+    rng = np.random.default_rng(0)
+    q, k, v = (round_to(rng.standard_normal((1, 1, 16, 8)) * s, "float32") for s in (30.0, 30.0, 1.0))
+    w = round_to(random_projection(16, 8, seed=0), "float32")
+    var = V.get("performer-hyperbolic")
+    params = {n: x for n, x in var.params.items() if n != "features"}
+    kw = dict(causal=True, dtype="float32", projection=w, **params)
+    naive = naive_definition(var, q, k, v, **kw)
+    wide = naive_definition(var, q, k, v, wide_range=True, **kw)
+    out = builtin("performer-hyperbolic")(q, k, v, causal=True, projection=w)
+    t = truth(var, q, k, v, causal=True, digits=8, projection=w, **params)
+    finite = np.isfinite(naive).all(-1)[0, 0]
+    row = lambda x: np.linalg.norm(x, axis=-1)[0, 0]  # noqa: E731
+    moved = row(naive - wide) > row(wide - t.value) + 2**-24 * row(t.value)
+    # rows whose worst-case bound is vacuous (not below the slice's magnitude): the rule would judge them
+    mag = max(np.abs(t.value).max(), np.abs(v).max())
+    vacuous = ~(rounding_bound(var, q, k, v, **kw) < mag).all(-1)[0, 0]
+    by_range = np.flatnonzero(finite & moved & vacuous)
+    in_range = np.flatnonzero(finite & ~moved & np.isfinite(out).all(-1)[0, 0])
+    assert by_range.size and in_range.size, (by_range, in_range)
+    base = check_agreement("agreement", out, var, q, k, v, **kw)
+    assert base.passed, base
+    nan_there = out.copy()
+    nan_there[0, 0, by_range] = np.nan
+    f = check_agreement("agreement", nan_there, var, q, k, v, **kw)
+    assert f.passed and f.details["unbounded_entries"] >= 8 * by_range.size, f
+    nan_in_range = out.copy()
+    nan_in_range[0, 0, in_range[-1]] = np.nan
+    assert not check_agreement("agreement", nan_in_range, var, q, k, v, **kw).passed
