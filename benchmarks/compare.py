@@ -2,8 +2,8 @@
 process (every entry of a group runs once per round, rounds alternate), thread counts and the BLAS
 kernel printed first. Run from the repository root:
 
-    OMP_NUM_THREADS=1 python benchmarks/compare.py forms   [--n 1024 4096 16384] [--rounds 3]
-    OMP_NUM_THREADS=1 python benchmarks/compare.py memory  [--n 1024 4096 16384]
+    OMP_NUM_THREADS=1 python benchmarks/compare.py forms   [--n 1024 4096 16384] [--rounds 3] [--groups ...]
+    OMP_NUM_THREADS=1 python benchmarks/compare.py memory  [--n 1024 4096 16384] [--groups ...]
     OMP_NUM_THREADS=1 python benchmarks/compare.py oracle  [--rounds 3]
     python benchmarks/compare.py check [--rounds 2]
     python benchmarks/compare.py variants [--limit 600]   (the ci check of every builtin variant, one process each)
@@ -115,35 +115,69 @@ def form_entries(n: int, which: str | None = None) -> dict[str, Callable[[], Any
         ),
         "linear-elu chunked C=64": lambda: lin.torch(q, k, v, causal=True, form="chunked", chunk_size=64),
         "linear-elu recurrent": lambda: lin.torch(q, k, v, causal=True, form="recurrent"),
+        **performer_entries(q, k, v),
     }
     if which is not None:
         return {which: entries[which]}
     return entries
 
 
-GROUPS = {
-    "gla": ("gla chunked C=64", "gla recurrent", "fla naive_recurrent_gla", "gla variant chunked (with input checks)"),
-    "retnet": (
-        "retnet chunked C=64",
-        "fla naive_chunk_simple_gla C=64",
-        "retnet recurrent",
-        "retnet variant chunked (with input checks)",
+PERFORMER_FEATURES = 256
+
+
+def performer_entries(q: Any, k: Any, v: Any) -> dict[str, Callable[[], Any]]:
+    """Non-causal FAVOR+ with m = 256 positive features: the variant's torch form with performer-pytorch's
+    definition (feature eps 1e-4, projection shift) against FastAttention itself, built once with the
+    same projection (the module's construction and draw are not timed)."""
+    import torch
+    from performer_pytorch import FastAttention
+
+    from gramcheck import variants as V
+    from gramcheck.adapters.performer import PARAMS
+    from gramcheck.featuremaps import random_projection
+
+    w = torch.as_tensor(random_projection(PERFORMER_FEATURES, D, seed=0), dtype=torch.float32)
+    attn = FastAttention(dim_heads=D, nb_features=PERFORMER_FEATURES, causal=False)
+    with torch.no_grad():
+        attn.projection_matrix.copy_(w)
+    perf = V.get("performer-positive")
+    return {
+        "performer variant, non-causal": lambda: perf.torch(q, k, v, causal=False, projection=w, **PARAMS),
+        "performer-pytorch FastAttention": lambda: attn(q, k, v),
+    }
+
+
+GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {  # group: (mode, entries; the first is the ratios' base)
+    "gla": (
+        "causal",
+        ("gla chunked C=64", "gla recurrent", "fla naive_recurrent_gla", "gla variant chunked (with input checks)"),
     ),
-    "linear-elu": ("linear-elu chunked C=64", "linear-elu recurrent"),
+    "retnet": (
+        "causal",
+        (
+            "retnet chunked C=64",
+            "fla naive_chunk_simple_gla C=64",
+            "retnet recurrent",
+            "retnet variant chunked (with input checks)",
+        ),
+    ),
+    "linear-elu": ("causal", ("linear-elu chunked C=64", "linear-elu recurrent")),
+    "performer": ("non-causal", ("performer variant, non-causal", "performer-pytorch FastAttention")),
 }
 
 
 def cmd_forms(args: argparse.Namespace) -> None:
     for n in args.n:
         entries = form_entries(n)
-        for group, names in GROUPS.items():
+        for group in args.groups or GROUPS:
+            mode, names = GROUPS[group]
             res = interleaved({k: entries[k] for k in names}, args.rounds)
-            table(f"{group}, causal, float32, B=1 H={H} N={n} d={D}", res, names[0])
+            table(f"{group}, {mode}, float32, B=1 H={H} N={n} d={D}", res, names[0])
 
 
 def cmd_memory(args: argparse.Namespace) -> None:
     print("\n### peak RSS above the RSS before the call (MiB), fresh subprocess per entry\n")
-    names = [k for g in GROUPS.values() for k in g]
+    names = [k for group in args.groups or GROUPS for k in GROUPS[group][1]]
     print("| entry | " + " | ".join(f"N={n}" for n in args.n) + " |\n| --- |" + " --- |" * len(args.n))
     for name in names:
         cells = []
@@ -320,6 +354,7 @@ def main() -> None:
     ap.add_argument("what", choices=["forms", "memory", "oracle", "check", "variants"])
     ap.add_argument("--n", type=int, nargs="+", default=[1024, 4096, 16384])
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--groups", nargs="+", choices=list(GROUPS), help="forms, memory: these groups only")
     ap.add_argument("--limit", type=float, default=600.0, help="variants: seconds per check before it is stopped")
     args = ap.parse_args()
     print(environment())
