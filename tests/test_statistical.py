@@ -186,3 +186,36 @@ def test_repeated_keys_give_finite_bounds():
     for causal in (False, True):
         mo = bounds.favor_output_moments(x, y, v, 64, "positive", causal=causal)
         assert all(np.all(np.isfinite(mo[n])) for n in ("bias", "mse")) and np.all(mo["mse"] >= 0)
+
+
+def test_the_bias_bound_is_tight_where_one_key_carries_all_the_variance():
+    """Two keys, the first y_1 = -x: phi(x).phi(y_1) = exp(-|x|^2) for every draw, so only the second
+    key's estimate varies, X - rB and B are perfectly correlated, and Cauchy-Schwarz holds with equality:
+    the bias bound's first term sqrt(var_c var_B) / (theta b^2) equals the delta method's bias
+    |c^T Sigma 1| / b^2 (the leading order of E o - r) divided by theta. At m = 8192 the tail term is
+    negligible at theta = 0.9, so the bound is 1/0.9 times the leading-order bias; a Monte Carlo at
+    m = 32 and 64 shows that bias is the real one (its 1/m scaling and size) and stays under the bound."""
+    x0 = np.array([0.3, -0.2, 0.25, 0.1])
+    z2 = np.full(4, 0.6)  # x + y_2: |z2|^2 = 1.44
+    x = np.stack([x0, x0[::-1]])[None, None]
+    y = np.stack([-x0, z2 - x0])[None, None]
+    v = np.array([[1.0], [-1.0]])[None, None]
+    kappa = np.exp(y[0, 0] @ x0)
+    b = kappa.sum()
+    r = float(kappa @ v[0, 0, :, 0] / b)
+    c2 = v[0, 0, 1, 0] - r
+
+    def leading_bias(m):  # -(c^T Sigma 1) / b^2 with Sigma_22 the only non-zero entry
+        return -c2 * kappa[1] ** 2 * np.expm1(z2 @ z2) / m / b**2
+
+    big = bounds.favor_output_moments(x, y, v, 8192, "positive")["bias"][0, 0, 0, 0]
+    assert 1.0 <= big / abs(leading_bias(8192)) <= 1 / 0.9 + 1e-3, big / abs(leading_bias(8192))
+    mc = {}
+    for m in (32, 64):
+        o, _ = _monte_carlo(x, y, v, m, "positive", 20000, False)
+        err = o[:, 0, 0, 0, 0] - r
+        mc[m] = err.mean()
+        sd = err.std() / math.sqrt(err.size)
+        assert 0.5 <= mc[m] / leading_bias(m) <= 1.5, (m, mc[m], leading_bias(m), sd)
+        assert abs(mc[m]) + 4 * sd <= bounds.favor_output_moments(x, y, v, m, "positive")["bias"][0, 0, 0, 0]
+    assert 1.5 <= mc[32] / mc[64] <= 3.0, mc
