@@ -562,9 +562,10 @@ def BallMP(prec: int) -> BallArith:
 # --------------------------------------------------------------------------------------------------
 class RoundedArith(BallArith):
     """The definition evaluated with every operation's result rounded to ``dtype`` (round to nearest
-    even, via ``precision.round_to``); products and sums are accumulated in float64 and rounded once,
-    as a bf16/fp16 matmul with float32 accumulation does. Radii stay zero: this is a plain arithmetic
-    that reuses Ball's operators. It is the naive reference of the low-precision rule
+    even, via ``precision.round_to``); products and sums are accumulated in float32 (float64 for
+    float64) and rounded once, as a float32 kernel, or a bf16/fp16 matmul with float32 accumulation,
+    does. Radii stay zero: this is a plain arithmetic that reuses Ball's operators. It is the naive
+    reference of the low-precision rule
     (proofs/low-precision-rule.md). ``wide_range`` rounds to the dtype's significand in float64's
     exponent range, which tells the dtype's rounding from its underflow and overflow."""
 
@@ -614,11 +615,33 @@ class RoundedArith(BallArith):
         return self._r(np.cos(x.mid))
 
     def sum(self, x: Ball, axis: int, keepdims: bool = False) -> Ball:
-        return self._r(np.sum(x.mid, axis=axis, keepdims=keepdims))
+        e = self._exponent(x.mid, axis)
+        out = self._in_float32(np.sum, np.ldexp(x.mid, -e), axis=axis, keepdims=True)
+        out = np.ldexp(out, e)
+        return self._r(out if keepdims else np.squeeze(out, axis=axis))
 
     def cumsum(self, x: Ball, axis: int) -> Ball:
-        return self._r(np.cumsum(x.mid, axis=axis))
+        e = self._exponent(x.mid, axis)
+        return self._r(np.ldexp(self._in_float32(np.cumsum, np.ldexp(x.mid, -e), axis=axis), e))
 
     def matmul(self, a: Any, b: Any) -> Ball:
         a, b = self._lift(a), self._lift(b)
-        return self._r(np.matmul(a.mid, b.mid))
+        ea, eb = self._exponent(a.mid, -1), self._exponent(b.mid, -2)
+        return self._r(np.ldexp(self._in_float32(np.matmul, np.ldexp(a.mid, -ea), np.ldexp(b.mid, -eb)), ea + eb))
+
+    # Accumulations run in float32 below float64, as kernels accumulate (products of bfloat16 and float16
+    # values are exact there). Under ``wide_range`` the operands are first scaled by powers of two into
+    # float32's range along the reduced axis (the same significand roundings; only terms 2^-126 below the
+    # largest of their row can flush), so that the dtype's range is left out.
+    def _exponent(self, x: np.ndarray, axis: int) -> Any:
+        if self.dtype == "float64" or not self.wide_range:
+            return 0
+        with np.errstate(invalid="ignore"):
+            top = np.max(np.where(np.isfinite(x), np.abs(x), 0.0), axis=axis, keepdims=True, initial=0.0)
+        return np.frexp(top)[1]
+
+    def _in_float32(self, op: Any, *xs: np.ndarray, **kw: Any) -> np.ndarray:
+        if self.dtype == "float64":
+            return op(*xs, **kw)
+        with np.errstate(over="ignore", invalid="ignore"):
+            return op(*(np.asarray(x).astype(np.float32) for x in xs), **kw).astype(np.float64)

@@ -27,8 +27,9 @@ What each kind promises, recorded in ``AttentionInputs.meta`` and checked in tes
                       all-negative (every entry below -scale): a mild-overflow regime inside float32's
                       exponent range (|x| <= 60, where exp(x) stays a float32 normal) that reaches exp(x) - 1 + 1 = 0
                       for x < -17 (``F.elu(x) + 1`` in float32) and unstabilised exponentials.
-* ``anti-aligned``    k_j = -c q_j + small noise: q.k very negative, softmax weights vanish and positive
-                      random features have large relative error.
+* ``anti-aligned``    k_j = -c q_j + noise of norm eps c |q_j| (eps <= 0.1, so cos(q_j, k_j) < -0.99): q.k
+                      very negative, softmax weights vanish and positive random features have large
+                      relative error; meta: factor c, noise eps.
 * ``degenerate``      zero rows in q and k, and N = 1 or d = 1 drawn with high probability.
 * ``long``            N near the size budget ``max_n`` (d small so N * d stays within budget).
 
@@ -247,7 +248,11 @@ def _qkv(draw: Any, kind: str, B: int, H: int, N: int, d: int, dv: int, dtype: s
         c = 10.0 ** draw(st.floats(0.0, 1.5))
         noise = 10.0 ** draw(st.floats(-6.0, -1.0))
         q = g(shape) * draw(st.floats(1.0, 4.0))
-        k = -c * q + noise * g(shape)
+        z = g(shape)
+        # noise of norm noise * c |q_j| per token: the angle to -q_j stays below asin(noise) <= asin(0.1)
+        size = noise * c * np.linalg.norm(q, axis=-1, keepdims=True)
+        z *= size / np.maximum(np.linalg.norm(z, axis=-1, keepdims=True), 1e-300)
+        k = -c * q + z
         meta.update(factor=c, noise=noise)
         return q, k, g(vshape), meta
     if kind == "degenerate":

@@ -111,7 +111,7 @@ def test_overflow_kind_overflows_exp_in_its_dtype(data):
 def test_anti_aligned_and_heavy_tail_and_degenerate(data):
     ex = data.draw(inputs("anti-aligned", max_n=16, max_d=6))
     cos = np.einsum("bhnd,bhnd->bhn", ex.q, ex.k) / (np.linalg.norm(ex.q, axis=-1) * np.linalg.norm(ex.k, axis=-1))
-    assert np.all(cos < -0.9)
+    assert np.all(cos < -0.99), cos  # the noise is at most 0.1 of c |q_j|: an angle below asin(0.1)
     ht = data.draw(inputs("heavy-tail", max_n=16, max_d=6))
     assert 1.0 <= ht.meta["nu"] <= 4.0
     dg = data.draw(inputs("degenerate", max_n=16, max_d=6))

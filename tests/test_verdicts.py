@@ -285,3 +285,42 @@ def test_rows_the_dtypes_range_decided_are_not_judged_by_the_low_precision_rule(
     nan_in_range = out.copy()
     nan_in_range[0, 0, in_range[-1]] = np.nan
     assert not check_agreement("agreement", nan_in_range, var, q, k, v, **kw).passed
+
+
+def test_the_naive_definition_accumulates_in_float32_below_float64():
+    """RoundedArith's sums and products accumulate as float32 kernels do (float32 accumulator), also in
+    the wide-range twin, whose scaling by powers of two changes no significand rounding."""
+    from gramcheck.arith import RoundedArith
+    from gramcheck.precision import round_to
+
+    rng = np.random.default_rng(0)
+    a, b = (round_to(rng.standard_normal(s) * 1e3, "float32") for s in ((5, 300), (300, 4)))
+    want = np.matmul(a.astype(np.float32), b.astype(np.float32)).astype(np.float64)
+    for wide in (False, True):
+        ar = RoundedArith("float32", wide_range=wide)
+        assert np.array_equal(ar.to_float64(ar.matmul(a, b)), want)
+        assert np.array_equal(ar.to_float64(ar.sum(ar.asarray(a), axis=-1)), a.astype(np.float32).sum(-1))
+    assert not np.array_equal(RoundedArith("float64").to_float64(RoundedArith("float64").matmul(a, b)), want)
+
+
+def test_trigonometric_favor_in_float32_is_judged_against_a_float32_accumulator():
+    """FAVOR+ trig features cancel (amplitude exp(|x|^2 / 2)): with a float64 accumulator the naive
+    definition was 56x more accurate than any float32 kernel and the rule failed the builtin recurrent
+    form, whose order is the naive definition's own, at 27.4 (proofs/low-precision-rule.md)."""
+    from gramcheck import variants as V
+    from gramcheck.agreement import check_agreement
+    from gramcheck.featuremaps import random_projection
+    from gramcheck.precision import round_to
+    from gramcheck.targets import builtin
+
+    var = V.get("performer-trig")
+    params = {n: x for n, x in var.params.items() if n != "features"}
+    rng = np.random.default_rng(1)
+    q, k, v = (round_to(rng.standard_normal((1, 1, 29, 62)) * s, "float32") for s in (4.0, 4.0, 1.0))
+    w = round_to(random_projection(64, 62, seed=1), "float32")
+    out = builtin("performer-trig", form="recurrent")(q, k, v, causal=True, projection=w)
+    f = check_agreement("agreement", out, var, q, k, v, causal=True, dtype="float32", projection=w, **params)
+    assert f.passed and f.details["judged_by"]["low-precision rule"] > 0, f
+    off = out * (1 + 0.03)  # a target 3% off on every entry still fails
+    kw = dict(causal=True, dtype="float32", projection=w, **params)
+    assert not check_agreement("agreement", off, var, q, k, v, **kw).passed
