@@ -28,6 +28,7 @@ many entries each rule judged.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -135,37 +136,32 @@ def check_agreement(
     finite_approx = np.where(np.isfinite(approx), np.abs(approx), 0.0)
     rms = float(np.sqrt(np.mean(finite_approx**2))) if finite_approx.size else 0.0
     fallback = u * np.maximum(finite_approx, np.maximum(rms, 2.0**-30 * scale))
-    # An entry no rule can judge (every bound infinite, the naive definition not finite) asks only for
-    # the slice magnitude that decides which rule judges its neighbours.
-    naive = wide = None
+
+    @functools.cache
+    def naive_pair() -> tuple[np.ndarray, np.ndarray]:
+        """The naive definition and its wide-range twin, evaluated once, when a rule first needs them."""
+        return (
+            naive_definition(variant, q, k, v, causal=causal, dtype=dtype, **kwargs),
+            naive_definition(variant, q, k, v, causal=causal, dtype=dtype, wide_range=True, **kwargs),
+        )
+
+    # first without the rule's request (float64 mostly suffices): a sharper truth is asked for only when
+    # the rule's verdict could change with it (``_Judged.rule_open``)
+    first = np.where(vacuous_guess, np.minimum(pbound, bound), bound)
+    need = first
     if vacuous_guess.any():
-        naive = naive_definition(variant, q, k, v, causal=causal, dtype=dtype, **kwargs)
-        wide = naive_definition(variant, q, k, v, causal=causal, dtype=dtype, wide_range=True, **kwargs)
+        naive, wide = naive_pair()
         with np.errstate(invalid="ignore"):
             miss = np.abs(naive - approx)
         lp_need = np.where(_in_range(naive, wide, approx, u), np.maximum(fallback, miss), np.inf)
-        need = np.where(vacuous_guess, np.minimum(np.minimum(pbound, bound), lp_need), bound)
-        # first without the rule's request (float64 mostly suffices): a sharper truth is asked for only
-        # when the rule's verdict could change with it (``_Judged.rule_open``)
-        first = np.where(vacuous_guess, np.minimum(pbound, bound), bound)
-    else:
-        need = first = bound
+        need = np.where(vacuous_guess, np.minimum(first, lp_need), first)
+    # an entry no rule can judge (every bound infinite, the naive definition not finite or moved by the
+    # range) asks only for the slice magnitude that decides which rule judges its neighbours
     need, first = (np.where(np.isfinite(x), x, scale) for x in (need, first))
     if out.shape != approx.shape:
         return Finding(
             name, float("inf"), 1.0, details={"error": f"output shape {out.shape}, expected {approx.shape}"}
         )
-    pair = (naive, wide)
-
-    def naive_pair() -> tuple[np.ndarray, np.ndarray]:
-        nonlocal pair
-        if pair[0] is None or pair[1] is None:
-            pair = (
-                naive_definition(variant, q, k, v, causal=causal, dtype=dtype, **kwargs),
-                naive_definition(variant, q, k, v, causal=causal, dtype=dtype, wide_range=True, **kwargs),
-            )
-        return pair[0], pair[1]
-
     requests = (first, need) if vacuous_guess.any() else (need,)
     for request in requests:
         t = truth(variant, q, k, v, causal=causal, digits=None, atol=np.maximum(0.01 * request, 1e-300), **kwargs)
@@ -229,16 +225,18 @@ def _judge(
         lp = rest & _in_range(naive, wide, t.value, u)
         lp_count, unbounded = int(lp.sum()), int((rest & ~lp).sum())
         if lp_count:
-            e_t = float(np.sqrt(np.sum(np.where(lp, err, 0.0) ** 2)))
+
+            def norm(x: np.ndarray) -> float:  # Frobenius norm over the rule's entries
+                return float(np.sqrt(np.sum(np.where(lp, x, 0.0) ** 2)))
+
+            e_t, t_bound = norm(err), norm(t.bound)
             # the naive definition's error, at least: its distance to the truth's value less the truth's bound
-            e_n = float(np.sqrt(np.sum(np.where(lp, np.abs(naive - t.value), 0.0) ** 2)))
-            e_n = max(e_n - float(np.sqrt(np.sum(np.where(lp, t.bound, 0.0) ** 2))), 0.0)
-            size = float(np.sqrt(np.sum(np.where(lp, t.value, 0.0) ** 2)))
+            e_n = max(norm(np.abs(naive - t.value)) - t_bound, 0.0)
+            size = norm(t.value)
             b_lp = LOW_PRECISION_K * e_n + LOW_PRECISION_FLOOR_ULPS * u * size
             r_lp = e_t / b_lp if b_lp > 0 else (0.0 if e_t == 0 else float("inf"))
             # a failure that holds at the truth's most favourable value is settled; a pass always is
-            t_bound = float(np.sqrt(np.sum(np.where(lp, t.bound, 0.0) ** 2)))
-            e_t_least = max(float(np.sqrt(np.sum(np.where(lp, np.abs(out - t.value), 0.0) ** 2))) - t_bound, 0.0)
+            e_t_least = max(norm(np.abs(out - t.value)) - t_bound, 0.0)
             b_most = LOW_PRECISION_K * (e_n + 2 * t_bound) + LOW_PRECISION_FLOOR_ULPS * u * (size + t_bound)
             rule_open = r_lp > 1.0 and not e_t_least > b_most
             ratios["low-precision rule"] = r_lp

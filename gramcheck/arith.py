@@ -565,9 +565,9 @@ class RoundedArith(BallArith):
     even, via ``precision.round_to``); products and sums are accumulated in float32 (float64 for
     float64) and rounded once, as a float32 kernel, or a bf16/fp16 matmul with float32 accumulation,
     does. Radii stay zero: this is a plain arithmetic that reuses Ball's operators. It is the naive
-    reference of the low-precision rule
-    (proofs/low-precision-rule.md). ``wide_range`` rounds to the dtype's significand in float64's
-    exponent range, which tells the dtype's rounding from its underflow and overflow."""
+    reference of the low-precision rule (proofs/low-precision-rule.md). ``wide_range`` rounds to the
+    dtype's significand in float64's exponent range, which tells the dtype's rounding from its
+    underflow and overflow."""
 
     enclosing = False
 

@@ -246,22 +246,29 @@ def test_jacobian_norm_falls_back_for_a_custom_backward_vmap_cannot_batch():
     assert r.passed, r.summary() + str(r.findings[0].details)
 
 
+def _float32_favor_case(name, seed, n, d, m, scale):
+    """(variant, params without 'features', q, k, v, projection): float32 values, q and k ~ N(0, scale^2),
+    v ~ N(0, 1), shape (1, 1, n, d), an iid projection (m, d)."""
+    from gramcheck import variants as V
+    from gramcheck.featuremaps import random_projection
+    from gramcheck.precision import round_to
+
+    var = V.get(name)
+    params = {p: x for p, x in var.params.items() if p != "features"}
+    rng = np.random.default_rng(seed)
+    q, k, v = (round_to(rng.standard_normal((1, 1, n, d)) * s, "float32") for s in (scale, scale, 1.0))
+    return var, params, q, k, v, round_to(random_projection(m, d, seed=seed), "float32")
+
+
 def test_rows_the_dtypes_range_decided_are_not_judged_by_the_low_precision_rule():
     """FAVOR+ hyperbolic, causal, float32, entries of norm ~30: key and query features underflow into
     float32's subnormals, so the definition in float32 returns, on some rows, values quantised by the
     subnormal grid (not by rounding). A target's NaN on such a row is range exhaustion the definition
     shares and is counted, not judged; a NaN on a row the dtype computes within its range fails."""
-    from gramcheck import variants as V
     from gramcheck.agreement import check_agreement, naive_definition, rounding_bound
-    from gramcheck.featuremaps import random_projection
-    from gramcheck.precision import round_to
     from gramcheck.targets import builtin
 
-    rng = np.random.default_rng(0)
-    q, k, v = (round_to(rng.standard_normal((1, 1, 16, 8)) * s, "float32") for s in (30.0, 30.0, 1.0))
-    w = round_to(random_projection(16, 8, seed=0), "float32")
-    var = V.get("performer-hyperbolic")
-    params = {n: x for n, x in var.params.items() if n != "features"}
+    var, params, q, k, v, w = _float32_favor_case("performer-hyperbolic", 0, 16, 8, 16, 30.0)
     kw = dict(causal=True, dtype="float32", projection=w, **params)
     naive = naive_definition(var, q, k, v, **kw)
     wide = naive_definition(var, q, k, v, wide_range=True, **kw)
@@ -307,17 +314,10 @@ def test_trigonometric_favor_in_float32_is_judged_against_a_float32_accumulator(
     """FAVOR+ trig features cancel (amplitude exp(|x|^2 / 2)): with a float64 accumulator the naive
     definition was 56x more accurate than any float32 kernel and the rule failed the builtin recurrent
     form, whose order is the naive definition's own, at 27.4 (proofs/low-precision-rule.md)."""
-    from gramcheck import variants as V
     from gramcheck.agreement import check_agreement
-    from gramcheck.featuremaps import random_projection
-    from gramcheck.precision import round_to
     from gramcheck.targets import builtin
 
-    var = V.get("performer-trig")
-    params = {n: x for n, x in var.params.items() if n != "features"}
-    rng = np.random.default_rng(1)
-    q, k, v = (round_to(rng.standard_normal((1, 1, 29, 62)) * s, "float32") for s in (4.0, 4.0, 1.0))
-    w = round_to(random_projection(64, 62, seed=1), "float32")
+    var, params, q, k, v, w = _float32_favor_case("performer-trig", 1, 29, 62, 64, 4.0)
     out = builtin("performer-trig", form="recurrent")(q, k, v, causal=True, projection=w)
     f = check_agreement("agreement", out, var, q, k, v, causal=True, dtype="float32", projection=w, **params)
     assert f.passed and f.details["judged_by"]["low-precision rule"] > 0, f
