@@ -22,7 +22,7 @@ import pickle
 import threading
 import warnings
 import zlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -120,6 +120,15 @@ class Target:
             t = torch.as_tensor(np.asarray(x, dtype=np.float64)).to(dtype=dt, device=self.device)
             out[n] = t.requires_grad_(requires_grad and n in ("q", "k", "v"))
         return out
+
+    def gradients(self, loss: Any, inputs: Sequence[Any]) -> tuple[Any, ...]:
+        """torch.autograd.grad(loss, inputs, allow_unused=True) through the target's own backward; a backward
+        that raises (fla's ops without one raise NotImplementedError) is the target's failure, 'raised'."""
+        torch = _torch()
+        try:
+            return torch.autograd.grad(loss, list(inputs), allow_unused=True)
+        except Exception as exc:  # noqa: BLE001 - any exception of the user's backward is a finding
+            raise TargetError("raised", f"the backward of {self.name} raised {_describe(exc)}") from exc
 
     def call_torch(self, q: Any, k: Any, v: Any, *, causal: bool, draw: int = 0, **extras: Any) -> Any:
         """Call fn on tensors; checks type, shape, dtype, device and input mutation; returns the tensor.

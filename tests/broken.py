@@ -202,6 +202,19 @@ def retnet_dv_missing_scale(q, k, v, *, causal):
     return _with_backward(forward, corrupt)(q, k, v)
 
 
+def retnet_without_backward(q, k, v, *, causal):
+    """RetNet whose backward is not implemented (raises NotImplementedError, as fla's
+    fused_recurrent_gated_delta_rule does)."""
+
+    def forward(q, k, v):
+        return V.get("retnet").torch(q, k, v, causal=True, form="chunked", chunk_size=16)
+
+    def corrupt(grads, inputs):
+        raise NotImplementedError("backward pass is not implemented")
+
+    return _with_backward(forward, corrupt)(q, k, v)
+
+
 def gla_dk_missing_decay(q, k, v, *, causal, g):
     """GLA whose backward drops a decay factor in dk: dk_s / alpha_s, as when the decay to token s is read
     cumulated through s - 1 instead of s."""
@@ -214,6 +227,28 @@ def gla_dk_missing_decay(q, k, v, *, causal, g):
         return tuple(grads)
 
     return _with_backward(forward, corrupt)(q, k, v, g)
+
+
+def linear_elu_detached_denominator(q, k, v, *, causal):
+    """elu+1 linear attention whose normaliser is computed outside autograd (as when the denominator is
+    accumulated under no_grad or in a buffer): right values, dq and dk without the denominator's term."""
+    from gramcheck.forms import linear_recurrence
+
+    phi = elementwise("elu1")
+    va = torch.cat([v, v.new_ones(*v.shape[:-1], 1)], dim=-1)
+    out = linear_recurrence(phi(TORCH, q), phi(TORCH, k), va, None, causal=causal, form="chunked", chunk_size=16)
+    return out[..., :-1] / out[..., -1:].detach()
+
+
+def qknorm_softmax_detached_norm(q, k, v, *, causal):
+    """QK-norm softmax (layernorm, tau = 1) whose backward treats each row's standard deviation as a
+    constant: right values, dq and dk without the normalisation's Jacobian."""
+
+    def normed(x):
+        c = x - x.mean(-1, keepdim=True)
+        return c / torch.sqrt((c * c).mean(-1, keepdim=True) + 1e-6).detach() / math.sqrt(x.shape[-1])
+
+    return V.get("softmax").torch(normed(q), normed(k), v, causal=causal, scale=1.0)
 
 
 def gla_packed_leaking_state(q, k, v, *, causal, g, cu_seqlens=None, initial_state=None, output_final_state=False):

@@ -5,7 +5,13 @@ about 1/2 (the rule is nearly tight for it)."""
 
 import pytest
 import torch
-from broken import gla_dk_missing_decay, retnet_dv_missing_scale
+from broken import (
+    gla_dk_missing_decay,
+    linear_elu_detached_denominator,
+    qknorm_softmax_detached_norm,
+    retnet_dv_missing_scale,
+    retnet_without_backward,
+)
 
 from gramcheck import properties as P
 from gramcheck.api import check
@@ -17,7 +23,11 @@ from gramcheck.targets import builtin
 DOMAIN = {"max_n": 70, "max_d": 6, "examples": 8}
 
 
-@pytest.mark.parametrize("name", ["gla", "retnet", "linear-unnormalised", "softmax", "transnormer-diag"])
+@pytest.mark.parametrize(
+    "name",
+    ["gla", "retnet", "linear-unnormalised", "softmax", "transnormer-diag", "linear-elu", "performer-positive"]
+    + ["qknorm-softmax", "transnormer-norm"],
+)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_builtin_backward_passes(name, dtype):
     r = check(f"builtin:{name}", causal=True, dtype=dtype, properties=["backward-agreement"], domain=DOMAIN)
@@ -32,14 +42,30 @@ def test_gla_gradients_include_gates_and_initial_state():
 
 
 @pytest.mark.parametrize(
-    "fn,name,entry", [(retnet_dv_missing_scale, "retnet", "dv"), (gla_dk_missing_decay, "gla", "dk")]
+    "fn,name,entries",
+    [
+        (retnet_dv_missing_scale, "retnet", ("dv",)),
+        (gla_dk_missing_decay, "gla", ("dk",)),
+        (linear_elu_detached_denominator, "linear-elu", ("dq", "dk")),
+        (qknorm_softmax_detached_norm, "qknorm-softmax", ("dq", "dk")),
+    ],
 )
-def test_broken_backward_fails_while_forward_passes(fn, name, entry):
+def test_broken_backward_fails_while_forward_passes(fn, name, entries):
     r = check(fn, name, causal=True, properties=["backward-agreement", "agreement"], domain={**DOMAIN, "min_d": 2})
     back, fwd = r["backward-agreement"], r["agreement"]
     assert fwd.passed, r.summary()
-    assert not back.passed and back.details["entry"].startswith(entry), r.summary() + str(back.details)
+    assert not back.passed and back.details["entry"].startswith(entries), r.summary() + str(back.details)
     assert back.counterexample is not None and "first_failing_token" in back.details
+
+
+def test_a_backward_that_raises_is_the_targets_failure():
+    """The exception of a target's backward is reported as its failure 'raised', named, by every property
+    that differentiates it; the check does not crash."""
+    props = ["backward-agreement", "finite-gradients"]
+    r = check(retnet_without_backward, "retnet", causal=True, properties=props, domain={**DOMAIN, "examples": 2})
+    for f in r.findings:
+        assert f.failure == "raised" and "NotImplementedError" in f.details["error"], f
+        assert "backward of" in f.details["error"] and f.counterexample is not None
 
 
 def test_naive_definition_measures_near_one_half():
@@ -60,10 +86,13 @@ def test_naive_definition_measures_near_one_half():
     assert f.measured > 0.15, f  # the floor is no more than ~2 e here: the bound is within ~3x of the naive error
 
 
-def test_applies_to_unnormalised_forms():
-    assert "backward-agreement" in {p.name for p in P.applicable("gla", True, {})}
-    for name in ("linear-relu", "linear-elu", "qknorm-linear", "transnormer-norm"):
-        assert "backward-agreement" not in {p.name for p in P.applicable(name, True, {})}
+def test_applies_to_every_form_whose_definition_is_smooth():
+    """Normalised forms are judged too (their terms come from the chain rule's paths); relu and trig
+    features, whose denominators can vanish, are left to gradcheck and finite-gradients."""
+    for name in ("gla", "linear-elu", "qknorm-linear", "transnormer-norm", "performer-positive"):
+        assert "backward-agreement" in {p.name for p in P.applicable(name, True, {})}, name
+    for name in ("linear-relu", "performer-trig"):
+        assert "backward-agreement" not in {p.name for p in P.applicable(name, True, {})}, name
 
 
 def test_float64_targets_are_left_to_gradcheck():

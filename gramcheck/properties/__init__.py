@@ -231,9 +231,9 @@ CATALOGUE: tuple[Property, ...] = (
     Property(
         "backward-agreement",
         backward.backward_agreement,
-        backward.term_sizes_known,
+        backward.smooth_definition,
         "backward-agreement.md",
-        "gradients in the target dtype: max|G - G*| <= 2 max|naive - G*| + 4u max|G*| per tensor",
+        "gradients in the target dtype: |G - G*| <= 2 max|naive - G*| + 4u (size of the terms) per tensor",
         kinds=gradients.GRADIENT_KINDS,
         max_n=128,
     ),

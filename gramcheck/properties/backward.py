@@ -5,13 +5,13 @@ For L = <W, o> (+ <W_S, S_N> for a state-passing target, run from a nonzero S_0)
 representable in the dtype, each gradient G_x (x in q, k, v, the differentiable extra inputs, and the
 initial state) is compared with the reference G*_x, autograd of the definition evaluated in float64:
 
-    max |G_x - G*_x| <= k max |N_x - G*_x| + 4 u s_x,   k = 2,
-    s_x = max(max |G*_x|, T_x)   (T_x: the size of the entry's terms, componentwise; where G*_x = 0
-                                  up to float64 rounding, sum_y max|G*_y| max|y| / max|x| instead of max |G*_x|),
+    max |G_x - G*_x| <= k max |N_x - G*_x| + 4 u s_x,   k = 2,   s_x = max(max |G*_x|, T_x) componentwise,
 
 N_x being autograd of the same definition evaluated in the target's dtype (the low-precision rule of the
 forward, proofs/low-precision-rule.md, applied per gradient tensor, as FlashAttention's backward tests
-do). Applies to float32, bfloat16 and float16 targets; float64 targets are left to gradcheck.
+do) and T_x the size of each entry's terms: the chain rule's sum over paths of the products of the
+partials' sizes (``gramcheck.gradient_terms``). Applies to float32, bfloat16 and float16 targets; float64
+targets are left to gradcheck.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from ..arith import rounding_model
 from ..autodiff import TorchDefinition
 from ..findings import Finding
+from ..gradient_terms import TermArith
 from ..precision import round_to, unit_roundoff
 from ..strategies import AttentionInputs
 from ..targets import Target
@@ -32,7 +32,6 @@ from .state import initial_state_of, parts_finding
 
 BACKWARD_K = 2.0
 BACKWARD_FLOOR_ULPS = 4.0
-CANCELLED = 2.0**-40  # a reference gradient this small against its natural size vanishes exactly
 
 
 def _torch() -> Any:
@@ -52,9 +51,12 @@ def _loss(res: Any, w: Any, ws: Any) -> Any:
     return (res * w.to(res.dtype)).sum()
 
 
-def _grads(loss: Any, leaves: dict[str, Any]) -> dict[str, np.ndarray]:
-    torch = _torch()
-    gs = torch.autograd.grad(loss, list(leaves.values()), allow_unused=True)
+def _grads(loss: Any, leaves: dict[str, Any], target: Target | None = None) -> dict[str, np.ndarray]:
+    """Gradients of loss as float64 arrays (zeros where unused); through ``target.gradients`` for a target."""
+    if target is None:
+        gs = _torch().autograd.grad(loss, list(leaves.values()), allow_unused=True)
+    else:
+        gs = target.gradients(loss, leaves.values())
     return {
         n: (np.zeros(tuple(x.shape)) if g is None else g.detach().to("cpu").double().numpy())
         for (n, x), g in zip(leaves.items(), gs, strict=True)
@@ -104,20 +106,11 @@ def target_gradients(
     opts = {"output_final_state": True} if "initial_state" in t else {}
     with torch.enable_grad():
         res = target.call_torch(t.pop("q"), t.pop("k"), t.pop("v"), causal=causal, **t, **opts)
-        return _grads(_loss(res, torch.as_tensor(w), None if ws is None else torch.as_tensor(ws)), leaves)
+        return _grads(_loss(res, torch.as_tensor(w), None if ws is None else torch.as_tensor(ws)), leaves, target)
 
 
 def _is_log_decay(target: Target, name: str) -> bool:
     return name not in ("q", "k", "v", "initial_state") and target.variant.input(name).log_decay
-
-
-def _keeps_sign(target: Target, name: str) -> bool:
-    """Inputs whose sign is kept in the size of the gradient's terms: log-decays (the decays themselves
-    are positive) and inputs that are not differentiated (random features are drawn, not learned)."""
-    if name in ("q", "k", "v", "initial_state"):
-        return False
-    spec = target.variant.input(name)
-    return spec.log_decay or not spec.differentiable
 
 
 def gradient_terms(
@@ -129,15 +122,19 @@ def gradient_terms(
     *,
     causal: bool,
 ) -> dict[str, np.ndarray]:
-    """Componentwise size of each gradient's terms: the float64 gradient of the definition with |q|, |k|,
-    |v|, |S_0|, |W|, |W_S| (log-decays kept: the decays are positive). For a function multilinear in those
-    inputs with positive decays this is exactly sum |terms| of every entry; elsewhere an estimate of it."""
-    absolute = {n: (x if _keeps_sign(target, n) else np.abs(x)) for n, x in arrays.items()}
-    with np.errstate(all="ignore"):
-        out = definition_gradients(
-            target, absolute, names, np.abs(w), None if ws is None else np.abs(ws), causal=causal, dtype="float64"
-        )
-    return {n: np.where(np.isfinite(g), np.abs(g), 0.0) for n, g in out.items()}
+    """Componentwise size of each gradient's terms: the chain rule's sum over paths of |products of
+    local partials|, seeded with |W| (and |W_S|), through the variant's definition (gramcheck.gradient_terms)."""
+    ar = TermArith()
+    t = {n: ar.asarray(x) for n, x in arrays.items()}
+    extras = {n: x for n, x in t.items() if n not in ("q", "k", "v", "initial_state")}
+    opts: dict[str, Any] = {}
+    if "initial_state" in t:
+        opts = {"initial_state": t["initial_state"], "output_final_state": True}
+    with ar.context():
+        res = target.variant.reference_fn(ar, t["q"], t["k"], t["v"], causal=causal, **target.params, **extras, **opts)
+        outs = res if isinstance(res, (tuple, list)) else (res,)
+        ar.backward([(o, s) for o, s in zip(outs, (w, ws), strict=False) if s is not None])
+    return {n: np.zeros(np.shape(arrays[n])) if t[n].adj is None else np.asarray(t[n].adj) for n in names}
 
 
 def log_decay_terms(arrays: dict[str, np.ndarray], ref: dict[str, np.ndarray], name: str) -> np.ndarray:
@@ -156,19 +153,6 @@ def log_decay_terms(arrays: dict[str, np.ndarray], ref: dict[str, np.ndarray], n
     return np.broadcast_to(total if g.ndim == 4 else total[..., 0], g.shape)
 
 
-def _term_size(target: Target, ex: AttentionInputs, w: np.ndarray, *, causal: bool) -> float:
-    """The size of L's terms, sum |W| |o-terms|, read off the forward rounding model R ~ gamma_{N+d} |terms|:
-    the scale of a gradient that cancels exactly everywhere (an output that is 0 by cancellation,
-    gram-diag-subtracted at N = 1)."""
-    u = unit_roundoff(target.dtype)
-    model = rounding_model(target.dtype)
-    with np.errstate(all="ignore"):
-        ball = target.variant.reference(ex.q, ex.k, ex.v, causal=causal, arith=model, **target.params, **ex.extras)
-        radius = np.asarray(model.radius(ball), dtype=np.float64)
-    finite = np.where(np.isfinite(radius), radius, 0.0)
-    return float(np.sum(np.abs(w) * finite)) / (u * (ex.q.shape[-2] + ex.q.shape[-1]))
-
-
 def smooth_definition(variant: Any, causal: bool, params: dict[str, Any]) -> bool:
     """The definition's gradient is well conditioned wherever it exists: no denominator can vanish (relu
     and trig features excluded: near a vanishing denominator the gradient of the definition itself loses
@@ -176,20 +160,9 @@ def smooth_definition(variant: Any, causal: bool, params: dict[str, Any]) -> boo
     return "vanishing-denominator" not in variant.tags(params)
 
 
-NORMALISING = ("denominator", "qk-scale-invariant", "v-scale-invariant")
-
-
-def term_sizes_known(variant: Any, causal: bool, params: dict[str, Any]) -> bool:
-    """Applicability of backward agreement: no normalisation (denominator, q/k norm, output norm), so
-    that ``gradient_terms`` is the size of every gradient entry's terms (or an upper estimate of it)
-    and the floor of the rule is sound; normalised forms need the adjoint's own rounding model
-    (proofs/backward-agreement.md, route 1)."""
-    return smooth_definition(variant, causal, params) and not (set(NORMALISING) & variant.tags(params))
-
-
 @guarded("backward-agreement")
 def backward_agreement(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding | None:
-    """Per gradient tensor: max|G - G*| <= 2 max|N - G*| + 4 u max|G*| (module docstring)."""
+    """Per gradient tensor: max|G - G*| <= 2 max|N - G*| + 4 u max(max|G*|, T) (module docstring)."""
     if target.dtype == "float64":
         return Finding.skip("backward-agreement", "float64 target: gradcheck judges its gradients")
     if _undefined(target, ex, causal):
@@ -211,20 +184,12 @@ def backward_agreement(target: Target, ex: AttentionInputs, *, causal: bool) -> 
     got = target_gradients(target, arrays, names, w, ws, causal=causal)
     u = unit_roundoff(target.dtype)
     parts, naive_err, scales = {}, {}, {}
-    size = {n: float(np.max(np.abs(arrays[n]), initial=0.0)) for n in names}
-    # L's sensitivity to a relative change of the inputs: sum_y max|G*_y| max|y| (a gradient that vanishes
-    # exactly, dq at N = 1 of a normalised form, is still computed from terms of this size / |x|)
-    sensitivity = sum(float(np.max(np.abs(ref[n]), initial=0.0)) * size[n] for n in names)
-    if sensitivity == 0:
-        sensitivity = _term_size(target, ex, w, causal=causal)
     for n in names:
         diff_n = np.abs(naive[n] - ref[n])
         e_n = float(np.max(np.where(np.isnan(diff_n), np.inf, diff_n), initial=0.0))
-        scale: Any = float(np.max(np.abs(ref[n]), initial=0.0))
-        natural = sensitivity / size[n] if size[n] > 0 else 0.0
-        if scale <= CANCELLED * natural:  # vanishes up to float64 rounding: computed from terms that cancel
-            scale = natural
-        scale = np.maximum(scale, log_decay_terms(arrays, ref, n) if _is_log_decay(target, n) else terms[n])
+        scale = np.maximum(float(np.max(np.abs(ref[n]), initial=0.0)), terms[n])
+        if _is_log_decay(target, n):  # production kernels form dg as a reverse sum that cancels
+            scale = np.maximum(scale, log_decay_terms(arrays, ref, n))
         bound = BACKWARD_K * e_n + BACKWARD_FLOOR_ULPS * u * scale
         err = np.abs(got[n] - ref[n])
         parts[f"d{n}"] = (np.where(np.isnan(err), np.inf, err), bound)

@@ -103,7 +103,7 @@ def finite_gradients(target: Target, ex: AttentionInputs, *, causal: bool) -> Fi
     if not bool(torch.isfinite(o).all()):
         return None  # a non-finite forward is agreement's finding, not this one's
     w = torch.as_tensor(_rng(ex, "w").standard_normal(o.shape)).to(dtype=o.dtype, device=o.device)
-    grads = torch.autograd.grad((o * w).sum(), (q, k, v), allow_unused=True)
+    grads = target.gradients((o * w).sum(), (q, k, v))
     bad = {n: int((~torch.isfinite(g)).sum()) for n, g in zip("qkv", grads, strict=True) if g is not None}
     total = sum(bad.values())
     return with_counterexample(Finding("finite-gradients", float(total), 0.0, details={"nonfinite_entries": bad}), ex)
@@ -279,12 +279,11 @@ def depth_growth_unless(variant: Any, causal: bool, params: dict[str, Any]) -> s
 def _detached(target: Target, ex: AttentionInputs, causal: bool, name: str) -> Finding | None:
     """A failing Finding when the target's float64 output carries no gradient with respect to q, k, v
     (a detached output: every Jacobian estimate would be 0 and pass any upper bound), else None."""
-    torch = _torch()
     t = target.tensors({"q": ex.q, "k": ex.k, "v": ex.v, **ex.extras}, requires_grad=True, dtype="float64")
     q, k, v = t.pop("q"), t.pop("k"), t.pop("v")
     o = target.call_torch(q, k, v, causal=causal, **t)
     if o.requires_grad and o.grad_fn is not None:
-        used = torch.autograd.grad(o.sum(), (q, k, v), allow_unused=True)
+        used = target.gradients(o.sum(), (q, k, v))
         if all(g is not None for g in used):
             return None
         missing = [n for n, g in zip("qkv", used, strict=True) if g is None]
