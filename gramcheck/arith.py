@@ -239,6 +239,13 @@ class Arith:
         return self.asarray(np.maximum.accumulate(np.asarray(self.b.to_float64(self.mid(x))), axis=axis))
 
 
+def _nonfinite(x: Any) -> np.ndarray:
+    """Entries of a float64 or mpf array that are NaN or infinite."""
+    if np.asarray(x).dtype != object:
+        return ~np.isfinite(np.asarray(x, dtype=np.float64))
+    return np.vectorize(lambda e: not mpmath.isfinite(e), otypes=[bool])(np.asarray(x, dtype=object))
+
+
 def _gt(x: Any, c: float) -> np.ndarray:
     return np.asarray(x > c, dtype=bool)
 
@@ -340,6 +347,15 @@ class BallArith(Arith):
 
     def mid(self, x: Any) -> Any:
         return x.mid if isinstance(x, Ball) else x
+
+    def certify64(self, x: Ball) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(float64 midpoints, bounds on |float64 value - exact| = rad + |mid - float64(mid)|, undefined:
+        a NaN or infinite midpoint, where the bound is inf)."""
+        with self.context():
+            val = self.b.to_float64(x.mid)
+            undefined = ~np.isfinite(val) & _nonfinite(x.mid)
+            bound = self.radius(x) + np.abs(self.b.to_float64(x.mid - self.b.asarray(np.where(undefined, 0.0, val))))
+        return val, np.where(undefined, np.inf, bound), undefined
 
     # the four operations -------------------------------------------------------------------------
     def _add(self, a: Ball, b: Ball) -> Ball:

@@ -201,13 +201,23 @@ def npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
 # --------------------------------------------------------------------------------------------------
 # building
 # --------------------------------------------------------------------------------------------------
-ENVIRONMENT_KEYS = ("python", "numpy", "mpmath", "torch", "hypothesis", "fla", "triton", "triton_interpreter")
+ENVIRONMENT_KEYS = (
+    *("python", "numpy", "mpmath", "python_flint", "torch", "hypothesis"),
+    *("fla", "triton", "triton_interpreter"),
+)
 FLA_KERNEL_SPECS = ("fla:", "gramcheck.adapters.fla_kernels:")
 
 
+def _flint_version() -> str:
+    import flint
+
+    return str(flint.__version__)
+
+
 def environment(device: str, dtype: str, *, target_spec: str = "") -> dict[str, Any]:
-    """Versions that can change results (python, numpy, mpmath, torch, hypothesis: the example stream is
-    a function of the seed and the Hypothesis version), the device and dtype checked; for a target that
+    """Versions that can change results (python, numpy, mpmath, python-flint when the oracle escalates in
+    Arb, torch, hypothesis: the example stream is a function of the seed and the Hypothesis version), the
+    device and dtype checked; for a target that
     runs fla's Triton kernels (``target_spec`` starting with one of FLA_KERNEL_SPECS) also fla, triton
     and triton_interpreter."""
     import hypothesis
@@ -221,6 +231,10 @@ def environment(device: str, dtype: str, *, target_spec: str = "") -> dict[str, 
         "device": device,
         "dtype": dtype,
     }
+    from .oracle import escalation_arith
+
+    # the oracle's escalation arithmetic (arb where python-flint is installed, else mpmath balls)
+    env["python_flint"] = _flint_version() if escalation_arith(53).name.startswith("arb") else None
     try:
         import torch
 

@@ -208,9 +208,10 @@ class TermArith:
         x = self.asarray(x)
         return Var(self, np.abs(x.val), x.mag, [(x, lambda g: g)])
 
+    # at a tie x == c the value is the same either way; the adjoint flows to x, as torch's clamp sends it
     def maximum(self, x: Any, c: float) -> Var:
         x = self.asarray(x)
-        return self._select(x.val > c, x, self.const(c))
+        return self._select(x.val >= c, x, self.const(c))
 
     def minimum(self, x: Any, c: float) -> Var:
         x = self.asarray(x)

@@ -15,13 +15,15 @@ bound always covers the final rounding to float64.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from . import variants as _variants
-from .arith import BALL_F64, BallMP
+from .arb_arith import ArbArith, available
+from .arith import BALL_F64, BallArith, BallMP
 
 GUARD_BITS = 10
 
@@ -51,6 +53,15 @@ def _tolerance(value: np.ndarray, digits: float | None, atol: Any) -> np.ndarray
     if atol is not None:
         tol = np.maximum(tol, np.broadcast_to(np.asarray(atol, dtype=np.float64), value.shape))
     return tol
+
+
+def escalation_arith(prec: int) -> BallArith | ArbArith:
+    """The multiprecision ball arithmetic the oracle escalates to: Arb (python-flint) where installed,
+    else ball arithmetic over mpmath; both enclose the exact value (GRAMCHECK_ORACLE=mpmath forces the
+    latter)."""
+    if os.environ.get("GRAMCHECK_ORACLE", "") != "mpmath" and available():
+        return ArbArith(prec)
+    return BallMP(prec)
 
 
 def truth(
@@ -105,17 +116,11 @@ def truth(
     # start at 53 + guard bits and measure
     prec = min(max_prec, 53 + _shortfall_bits(bound[need], tol[need], default=0) + GUARD_BITS)
     while True:
-        ar = BallMP(prec)
+        ar = escalation_arith(prec)
         ball = var.reference(qs, ks, vs, causal=causal, arith=ar, **kw)
         tried.append(ar.name)
-        with ar.context():
-            mid = ball.mid
-            val_s = ar.b.to_float64(mid)
-            undef_s = ~np.isfinite(val_s) & _nonfinite_mid(mid)
-            # |float64(mid) - exact| <= rad + |mid - float64(mid)|
-            rad = ar.radius(ball)
-            bnd_s = rad + np.abs(ar.b.to_float64(mid - ar.b.asarray(np.where(undef_s, 0.0, val_s))))
-        bnd_s = np.where(undef_s, np.inf, bnd_s)
+        val_s, bnd_s, undef_s = ar.certify64(ball)
+        rad = ar.radius(ball)
         tol_s = _tolerance(np.where(undef_s, 0.0, val_s), digits, _atol_slice(atol, value.shape, idx))
         # the float64 rounding of the value is part of the bound; a request finer than float64 can hold
         # is met when the mpmath radius alone meets it
@@ -192,9 +197,3 @@ def _escalation_slice(
     qs = tuple(np.asarray(x)[take] for x in qkv)
     kw = {n: (cut(x, names[n]) if n in names and x is not None else x) for n, x in kwargs.items()}
     return (batch, slice(None), slice(0, prefix)), (*qs, kw)
-
-
-def _nonfinite_mid(mid: Any) -> np.ndarray:
-    import mpmath
-
-    return np.vectorize(lambda x: not mpmath.isfinite(x), otypes=[bool])(np.asarray(mid, dtype=object))

@@ -16,7 +16,8 @@ def render_finding(f: Finding, *, width: int = 160) -> str:
     """One line for a Finding: verdict, the ratio against its bound, and where the details have them the
     error and the tolerance in their own units with the entry where it happened (worst_error,
     worst_bound, worst_index), the target's failure kind with its message (truncated to ``width``), and
-    the counterexample's kind and shape. The CLI, the pytest plugin and ``Report.summary`` all use it."""
+    the counterexample's kind and shape, and the Finding's note (what its verdict does not cover). The CLI,
+    the pytest plugin and ``Report.summary`` all use it."""
     d = f.details
     verdict = "FAIL" if f.verdict == "fail" else f.verdict
     parts = [f"{verdict} {f.name}: measured {_num(f.measured)} vs bound {_num(f.bound)}"]
@@ -31,6 +32,8 @@ def render_finding(f: Finding, *, width: int = 160) -> str:
     if not f.passed and f.counterexample:
         ce = f.counterexample
         parts.append(f"counterexample {ce.get('kind', '')} shape {ce.get('shape', '')}")
+    if d.get("note"):  # what the verdict does not cover, or why nothing was judged
+        parts.append(f"[{_clip(str(d['note']), width)}]")
     return " ".join(parts)
 
 
@@ -53,6 +56,8 @@ def note(f: Finding, *, width: int = 80) -> str:
     if not f.passed and f.counterexample:
         ce = f.counterexample
         out.append(f"{ce.get('kind', '')} shape={ce.get('shape', '')}")
+    if d.get("note"):  # what the verdict does not cover (entries or tensors it could not judge)
+        out.append(_clip(str(d["note"]), width))
     return " ".join(out)
 
 

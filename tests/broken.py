@@ -251,6 +251,18 @@ def qknorm_softmax_detached_norm(q, k, v, *, causal):
     return V.get("softmax").torch(normed(q), normed(k), v, causal=causal, scale=1.0)
 
 
+def deltanet_detached_keys(q, k, v, *, causal, beta):
+    """DeltaNet whose keys are detached from autograd: right values, dk = 0."""
+    return V.get("deltanet").torch(q, k.detach(), v, causal=causal, form="chunked", chunk_size=16, beta=beta)
+
+
+def qknorm_performer_detached_queries(q, k, v, *, causal, projection):
+    """QK-norm FAVOR+ whose queries are detached from autograd: right values, dq = 0."""
+    return V.get("qknorm-performer").torch(
+        q.detach(), k, v, causal=causal, form="chunked", chunk_size=16, projection=projection
+    )
+
+
 def gla_packed_leaking_state(q, k, v, *, causal, g, cu_seqlens=None, initial_state=None, output_final_state=False):
     """Packed GLA that runs the whole row as one sequence: the state of one sequence flows into the next."""
     out = V.get("gla").torch(q, k, v, causal=True, g=g, form="chunked", chunk_size=16)

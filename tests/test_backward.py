@@ -6,8 +6,10 @@ about 1/2 (the rule is nearly tight for it)."""
 import pytest
 import torch
 from broken import (
+    deltanet_detached_keys,
     gla_dk_missing_decay,
     linear_elu_detached_denominator,
+    qknorm_performer_detached_queries,
     qknorm_softmax_detached_norm,
     retnet_dv_missing_scale,
     retnet_without_backward,
@@ -66,6 +68,36 @@ def test_a_backward_that_raises_is_the_targets_failure():
     for f in r.findings:
         assert f.failure == "raised" and "NotImplementedError" in f.details["error"], f
         assert "backward of" in f.details["error"] and f.counterexample is not None
+
+
+def test_a_floor_as_large_as_the_gradient_judges_nothing():
+    """The delta rule's state transitions I - beta k k^T have signed entries: the chain rule's paths over N
+    tokens sum to sizes growing exponentially in N (proofs/backward-agreement.md), so from N ~ 32 on the
+    floor 4u T exceeds every gradient. Those gradients are not judged: the example does not count, and a
+    domain of such examples is skipped with its reason, never passed. On short sequences the same bug
+    (dk = 0) fails."""
+    long = {"min_n": 96, "max_n": 128, "min_d": 16, "max_d": 16, "examples": 3}
+    r = check(deltanet_detached_keys, "deltanet", causal=True, properties=["backward-agreement"], domain=long)
+    f = r.findings[0]
+    assert f.verdict == "skipped" and "premise" in f.details["note"], r.summary()
+    r = check(deltanet_detached_keys, "deltanet", causal=True, properties=["backward-agreement"], domain=DOMAIN)
+    assert not r.findings[0].passed and r.findings[0].details["entry"].startswith("dk"), r.summary()
+
+
+def test_a_tensor_the_floor_cannot_judge_is_named_not_passed():
+    """bfloat16 QK-norm FAVOR+: the normalisations' terms cancel so far that 4u T reaches |dq|; a backward
+    with dq = 0 then is not judged on dq (named in the Finding's note), where it would pass the floor."""
+    r = check(
+        qknorm_performer_detached_queries,
+        "qknorm-performer",
+        causal=True,
+        dtype="bfloat16",
+        properties=["backward-agreement"],
+        domain=DOMAIN,
+    )
+    f = r.findings[0]
+    assert not f.passed or "dq" in f.details.get("unjudged", []), r.summary()
+    assert f.passed or f.details["entry"].startswith("dq")
 
 
 def test_naive_definition_measures_near_one_half():

@@ -93,3 +93,10 @@ def test_a_gradient_that_cancels_to_zero_keeps_its_terms():
     terms = gradient_terms(t, arrays, ["k"], w, None, causal=True)
     assert np.max(np.abs(ref["k"])) <= 1e-15 * np.max(terms["k"])
     assert np.all(terms["k"] > 0)
+
+
+def test_a_tie_at_a_branch_point_sends_the_adjoint_through():
+    """maximum(x, 0) at x == 0: torch's clamp passes the gradient there, so the terms must too (T >= |G|)."""
+    x, w = np.array([0.0, 1.0, -1.0]), np.array([2.0, -3.0, 5.0])
+    (tx,) = _terms(lambda ar, y: ar.maximum(y, 0.0), x, w=w)
+    np.testing.assert_array_equal(tx, [2.0, 3.0, 0.0])

@@ -7,7 +7,27 @@ from helpers import make_inputs
 from gramcheck import variants as V
 from gramcheck.arith import MP
 from gramcheck.featuremaps import random_projection
-from gramcheck.oracle import truth
+from gramcheck.oracle import escalation_arith, truth
+
+
+@pytest.fixture(params=["mpmath", "arb"])
+def backend(request, monkeypatch):
+    """The oracle's escalation arithmetic: ball-mpmath, or Arb (python-flint) where installed."""
+    from gramcheck.arb_arith import available
+
+    if request.param == "arb" and not available():
+        pytest.skip("python-flint not installed")
+    monkeypatch.setenv("GRAMCHECK_ORACLE", request.param)
+    return request.param
+
+
+def _distance(value, exact_mp):
+    """|value - exact| for an mpmath array exact_mp, computed in mpmath and rounded up to float64 (the
+    exact value itself is not representable: comparing with its float64 rounding would be off by up to
+    half an ulp)."""
+    with MP(300).context():
+        d = MP(300).to_float64(np.abs(np.asarray(exact_mp, dtype=object) - MP(300).asarray(value)))
+    return d * (1 + 2.0**-50)
 
 
 def test_float64_suffices_on_a_benign_input():
@@ -18,21 +38,22 @@ def test_float64_suffices_on_a_benign_input():
     assert np.all(np.abs(t.value - exact) <= t.bound)
 
 
-def test_cancellation_forces_mpmath_and_the_bound_holds():
+def test_cancellation_forces_mpmath_and_the_bound_holds(backend):
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((1, 1, 8, 4)) for _ in range(3))
     k[..., 1::2, :] = k[..., 0::2, :] * (1 + 1e-11)  # near-duplicate keys ...
     v[..., 1::2, :] = -v[..., 0::2, :]  # ... with opposite values: the output nearly cancels
     f64 = V.get("linear-unnormalised").reference(q, k, v, feature="identity")
-    exact = MP(400).to_float64(V.get("linear-unnormalised").reference(q, k, v, feature="identity", arith=MP(400)))
+    exact_mp = V.get("linear-unnormalised").reference(q, k, v, feature="identity", arith=MP(400))
+    exact = MP(400).to_float64(exact_mp)
     assert np.max(np.abs(f64 - exact) / np.abs(exact)) > 1e-6  # float64 really loses digits here
     t = truth("linear-unnormalised", q, k, v, feature="identity", digits=10)
     assert t.escalated and t.met and t.prec > 53
-    assert np.all(np.abs(t.value - exact) <= t.bound)
+    assert np.all(_distance(t.value, exact_mp) <= t.bound)
     assert np.all(t.bound <= 1e-10 * np.abs(exact) * 1.0001 + 2**-52 * np.abs(exact))
 
 
-def test_exp_overflow_forces_mpmath():
+def test_exp_overflow_forces_mpmath(backend):
     """Unstabilised trig features overflow exp(|x|^2/2) in float64; mpmath has no overflow."""
     rng = np.random.default_rng(1)
     q, k, v = (rng.standard_normal((1, 1, 8, 4)) for _ in range(3))
@@ -41,16 +62,16 @@ def test_exp_overflow_forces_mpmath():
     assert np.isnan(V.get("performer-trig").reference(q, k, v, projection=w, stabilize=False)).all()
     t = truth("performer-trig", q, k, v, projection=w, stabilize=False, digits=10)
     assert t.escalated and t.met
-    exact = MP(800).to_float64(V.get("performer-trig").reference(q, k, v, projection=w, stabilize=False, arith=MP(800)))
-    assert np.all(np.abs(t.value - exact) <= t.bound)
+    exact_mp = V.get("performer-trig").reference(q, k, v, projection=w, stabilize=False, arith=MP(800))
+    assert np.all(_distance(t.value, exact_mp) <= t.bound)
 
 
-def test_undefined_output_is_reported_not_invented():
+def test_undefined_output_is_reported_not_invented(backend):
     """relu features with a query of all-negative entries: 0/0 in exact arithmetic."""
     q, k, v, _ = make_inputs("linear-relu", N=6, d=3)
     q[0, 0, 2, :] = -1.0
     t = truth("linear-relu", q, k, v, digits=8)
-    assert t.undefined[0, 0, 2].all()
+    assert t.undefined[0, 0, 2].all() and t.tried[-1] == escalation_arith(t.prec).name
     assert np.isfinite(t.value[~t.undefined]).all() and (~t.undefined).sum() > t.undefined.sum()
 
 
@@ -66,7 +87,7 @@ def _cancelling(causal, B=3, H=2, N=24, d=4):
 
 
 @pytest.mark.parametrize("causal", [True, False])
-def test_row_escalation_gives_the_same_truth_as_whole_tensor_escalation(causal, monkeypatch):
+def test_row_escalation_gives_the_same_truth_as_whole_tensor_escalation(causal, monkeypatch, backend):
     import gramcheck.oracle as oracle
 
     var = V.get("linear-unnormalised")
@@ -78,10 +99,11 @@ def test_row_escalation_gives_the_same_truth_as_whole_tensor_escalation(causal, 
     whole = truth(var, q, k, v, causal=causal, feature="identity", digits=10, rows=False)
     sub_q = shapes[0][1][0]
     assert sub_q.shape == ((1, 2, 4, 4) if causal else (1, 2, 24, 4))  # batch item 1; causal: 4 tokens
-    exact = MP(300).to_float64(var.reference(q, k, v, causal=causal, feature="identity", arith=MP(300)))
+    exact_mp = var.reference(q, k, v, causal=causal, feature="identity", arith=MP(300))
+    exact = MP(300).to_float64(exact_mp)
     for t in (rows, whole):
-        assert t.escalated and t.met
-        assert np.all(np.abs(t.value - exact) <= t.bound)
+        assert t.escalated and t.met and t.arithmetic == escalation_arith(t.prec).name
+        assert np.all(_distance(t.value, exact_mp) <= t.bound)
     assert rows.prec == whole.prec
     region = (1, slice(None), slice(0, 4) if causal else slice(None))
     np.testing.assert_array_equal(rows.value[region], whole.value[region])
@@ -104,7 +126,7 @@ def test_causal_rounding_variants_are_not_cut_to_a_prefix():
     assert qs.shape == (1, 2, 3, 4) and kw["g"].shape == (1, 2, 3, 4)
 
 
-def test_precision_comes_from_the_shortfall_not_doubling():
+def test_precision_comes_from_the_shortfall_not_doubling(backend):
     from gramcheck.arith import BALL_F64
     from gramcheck.oracle import GUARD_BITS
 
@@ -114,7 +136,7 @@ def test_precision_comes_from_the_shortfall_not_doubling():
     ball = var.reference(q, k, v, causal=True, feature="identity", arith=BALL_F64)
     value, bound = BALL_F64.to_float64(ball), BALL_F64.radius(ball)
     short = np.log2(bound / (1e-10 * np.abs(value)))
-    assert t.tried == ["float64", f"ball-mpmath[{t.prec}]"]  # met at the first precision tried
+    assert t.tried == ["float64", escalation_arith(t.prec).name]  # met at the first precision tried
     assert t.prec == 53 + int(np.ceil(short.max())) + GUARD_BITS < 2 * 53
 
 

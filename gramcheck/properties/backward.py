@@ -32,6 +32,7 @@ from .state import initial_state_of, parts_finding
 
 BACKWARD_K = 2.0
 BACKWARD_FLOOR_ULPS = 4.0
+CANCELLED = 2.0**-40  # a reference gradient this small against its natural size vanishes by cancellation
 
 
 def _torch() -> Any:
@@ -184,24 +185,37 @@ def backward_agreement(target: Target, ex: AttentionInputs, *, causal: bool) -> 
     got = target_gradients(target, arrays, names, w, ws, causal=causal)
     u = unit_roundoff(target.dtype)
     parts, naive_err, scales = {}, {}, {}
+    unjudged: list[str] = []
+    size = {n: float(np.max(np.abs(arrays[n]), initial=0.0)) for n in names}
+    # L's sensitivity to a relative change of every input, sum_y max|G*_y| max|y|, over max|x|: the size of
+    # x's gradient even where it vanishes by cancellation (dq and dk of a normalised form at N = 1)
+    sensitivity = sum(float(np.max(np.abs(ref[n]), initial=0.0)) * size[n] for n in names)
+
+    def own_size(n: str) -> float:
+        """max |G*_x|, or where it vanishes up to float64 rounding, its natural size."""
+        largest = float(np.max(np.abs(ref[n]), initial=0.0))
+        natural = sensitivity / size[n] if size[n] > 0 else 0.0
+        return largest if largest > CANCELLED * natural else natural
+
     for n in names:
         diff_n = np.abs(naive[n] - ref[n])
         e_n = float(np.max(np.where(np.isnan(diff_n), np.inf, diff_n), initial=0.0))
         scale = np.maximum(float(np.max(np.abs(ref[n]), initial=0.0)), terms[n])
         if _is_log_decay(target, n):  # production kernels form dg as a reverse sum that cancels
             scale = np.maximum(scale, log_decay_terms(arrays, ref, n))
-        bound = BACKWARD_K * e_n + BACKWARD_FLOOR_ULPS * u * scale
-        err = np.abs(got[n] - ref[n])
-        parts[f"d{n}"] = (np.where(np.isnan(err), np.inf, err), bound)
+        floor = BACKWARD_FLOOR_ULPS * u * scale
         naive_err[f"d{n}"], scales[f"d{n}"] = e_n, float(np.max(scale))
+        if float(np.max(floor)) >= own_size(n):
+            unjudged.append(f"d{n}")  # the floor alone admits an error as large as the gradient itself
+            continue
+        err = np.abs(got[n] - ref[n])
+        parts[f"d{n}"] = (np.where(np.isnan(err), np.inf, err), BACKWARD_K * e_n + floor)
+    if not parts:
+        return None  # no gradient of this input can be judged: not an example of the property
     token_axis = {f"d{n}": 2 for n in names if n not in ("initial_state",) and np.ndim(arrays[n]) >= 3}
-    return parts_finding(
-        "backward-agreement",
-        ex,
-        parts,
-        token_axis=token_axis,
-        naive_errors=naive_err,
-        gradient_scales=scales,
-        k=BACKWARD_K,
-        gradients=[f"d{n}" for n in names],
-    )
+    details: dict[str, Any] = {"naive_errors": naive_err, "gradient_scales": scales, "k": BACKWARD_K}
+    details["gradients"] = [f"d{n}" for n in names]
+    if unjudged:
+        details["unjudged"] = unjudged
+        details["note"] = f"not judged (the floor 4u T reaches the gradient's own size): {', '.join(unjudged)}"
+    return parts_finding("backward-agreement", ex, parts, token_axis=token_axis, **details)
