@@ -94,7 +94,9 @@ def favor(
         base = log_amp + half_sq if shift == "projection" and mult is None else log_amp
         log_amp = log_amp - ar.stop_max(base, -1 if is_query else (-2, -1))
     feats = ar.exp(log_amp) if mult is None else ar.exp(log_amp) * mult
-    return (feats + feature_eps) / ar.sqrt(ar.const(count))
+    if feature_eps:
+        feats = feats + feature_eps
+    return feats * (1.0 / ar.sqrt(ar.const(count)))  # one product per feature (a quotient costs several)
 
 
 def favor_keys_prefix(
@@ -113,7 +115,7 @@ def favor_keys_prefix(
     feats = ar.exp(log_amp - run)
     if mult is not None:
         feats = feats * mult
-    return feats / ar.sqrt(ar.const(count)), g
+    return feats * (1.0 / ar.sqrt(ar.const(count))), g
 
 
 def favor_causal(

@@ -248,9 +248,8 @@ def _chunked(q: Any, k: Any, v: Any, g: Any, causal: bool, c: int, s0: Any) -> t
     acc = _acc_dtype(q)
     nc = qc.shape[2]
     state = q.new_zeros(B, H, dk, dv, dtype=acc) if s0 is None else s0
-    if not causal:
-        for i in range(nc):
-            state = state + kc[:, :, i].transpose(-1, -2).to(acc) @ vc[:, :, i].to(acc)
+    if not causal:  # no chunk sees another's partial state: one product over all tokens is the same sum
+        state = state + k.to(acc).transpose(-1, -2) @ v.to(acc)
         return (q.to(acc) @ state).to(q.dtype), state
     mask = _causal_mask(c, q.device)
     if g is None:
