@@ -27,7 +27,7 @@ def _finite(x: Any) -> bool:
     if _is_torch(x):
         import torch
 
-        return bool(torch.isfinite(x.sum())) or bool(torch.isfinite(x).all())
+        return bool(torch.isfinite(x.detach().sum())) or bool(torch.isfinite(x).all())
     with np.errstate(over="ignore", invalid="ignore"):
         return bool(np.isfinite(np.sum(x))) or bool(np.isfinite(x).all())
 
