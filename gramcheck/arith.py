@@ -254,14 +254,17 @@ def _gt(x: Any, c: float) -> np.ndarray:
 # ball arithmetic
 # --------------------------------------------------------------------------------------------------
 class Ball:
-    """A midpoint-radius enclosure: the exact value lies in [mid - rad, mid + rad] entrywise."""
+    """A midpoint-radius enclosure: the exact value lies in [mid - rad, mid + rad] entrywise. ``exact``
+    marks a ball known to have radius 0 everywhere (a lifted input or constant, or a slice or
+    rearrangement of one), so that operations can skip its radius terms without looking at them."""
 
     __array_ufunc__ = None  # make numpy defer to our reflected operators
 
-    def __init__(self, ar: BallArith, mid: Any, rad: Any):
+    def __init__(self, ar: BallArith, mid: Any, rad: Any, exact: bool = False):
         self.ar = ar
         self.mid = mid
         self.rad = rad
+        self.exact = exact
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -272,10 +275,10 @@ class Ball:
         return len(self.shape)
 
     def __getitem__(self, idx: Any) -> Ball:
-        return Ball(self.ar, self.mid[idx], self.rad[idx])
+        return Ball(self.ar, self.mid[idx], self.rad[idx], self.exact)
 
     def reshape(self, *shape: Any) -> Ball:
-        return Ball(self.ar, np.reshape(self.mid, shape), np.reshape(self.rad, shape))
+        return Ball(self.ar, np.reshape(self.mid, shape), np.reshape(self.rad, shape), self.exact)
 
     def __add__(self, o: Any) -> Ball:
         return self.ar._add(self, self.ar._lift(o))
@@ -289,7 +292,7 @@ class Ball:
         return self.ar._add(self.ar._lift(o), -self)
 
     def __neg__(self) -> Ball:
-        return Ball(self.ar, -self.mid, self.rad)
+        return Ball(self.ar, -self.mid, self.rad, self.exact)
 
     def __mul__(self, o: Any) -> Ball:
         return self.ar._mul(self, self.ar._lift(o))
@@ -321,7 +324,7 @@ class BallArith(Arith):
         if isinstance(x, Ball):
             return x
         m = self.b.asarray(x)
-        return Ball(self, m, self.b.asarray(np.zeros(np.shape(m))))
+        return Ball(self, m, self.b.asarray(np.zeros(np.shape(m))), exact=True)
 
     def _inflate(self, r: Any, k: int) -> Any:
         return r * (1 + 2 * k * self.b.u)
@@ -364,7 +367,14 @@ class BallArith(Arith):
 
     def _mul(self, a: Ball, b: Ball) -> Ball:
         y = a.mid * b.mid
-        r = np.abs(a.mid) * b.rad + a.rad * np.abs(b.mid) + a.rad * b.rad + self._rnd(y)
+        if a.exact and b.exact:  # the radius terms of exact operands are exact zeros (as in matmul)
+            r = self._rnd(y)
+        elif b.exact:
+            r = a.rad * np.abs(b.mid) + self._rnd(y)
+        elif a.exact:
+            r = np.abs(a.mid) * b.rad + self._rnd(y)
+        else:
+            r = np.abs(a.mid) * b.rad + a.rad * np.abs(b.mid) + a.rad * b.rad + self._rnd(y)
         return Ball(self, y, self._inflate(r, 6))
 
     def _div(self, a: Ball, b: Ball) -> Ball:
@@ -433,18 +443,20 @@ class BallArith(Arith):
 
     # structure ---------------------------------------------------------------------------------
     def mT(self, x: Ball) -> Ball:
-        return Ball(self, np.swapaxes(x.mid, -1, -2), np.swapaxes(x.rad, -1, -2))
+        return Ball(self, np.swapaxes(x.mid, -1, -2), np.swapaxes(x.rad, -1, -2), x.exact)
 
     def fill(self, x: Ball, keep: np.ndarray, value: float) -> Ball:
-        return Ball(self, np.where(keep, x.mid, self.b.scalar(value)), np.where(keep, x.rad, 0))
+        return Ball(self, np.where(keep, x.mid, self.b.scalar(value)), np.where(keep, x.rad, 0), x.exact)
 
     def concat(self, xs: Sequence[Ball], axis: int = -1) -> Ball:
         bs = [self._lift(x) for x in xs]
-        return Ball(self, np.concatenate([b.mid for b in bs], axis), np.concatenate([b.rad for b in bs], axis))
+        exact = all(b.exact for b in bs)
+        return Ball(self, np.concatenate([b.mid for b in bs], axis), np.concatenate([b.rad for b in bs], axis), exact)
 
     def stack(self, xs: Sequence[Ball], axis: int = 0) -> Ball:
         bs = [self._lift(x) for x in xs]
-        return Ball(self, np.stack([b.mid for b in bs], axis), np.stack([b.rad for b in bs], axis))
+        exact = all(b.exact for b in bs)
+        return Ball(self, np.stack([b.mid for b in bs], axis), np.stack([b.rad for b in bs], axis), exact)
 
     def zeros(self, shape: tuple[int, ...]) -> Ball:
         return self._lift(np.zeros(shape))
@@ -458,7 +470,7 @@ class BallArith(Arith):
     # zeros, and x + 0 = x, so the radii are bit-for-bit those of the general formula.
     @staticmethod
     def _exact(x: Ball) -> bool:
-        return not np.any(x.rad)
+        return x.exact or not np.any(x.rad)
 
     def sum(self, x: Ball, axis: int, keepdims: bool = False) -> Ball:
         n = np.shape(x.mid)[axis]

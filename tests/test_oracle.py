@@ -142,7 +142,7 @@ def test_precision_comes_from_the_shortfall_not_doubling(backend):
 
 @pytest.mark.parametrize("prec", [None, 80])
 def test_exact_operand_fast_path_gives_identical_radii(prec, monkeypatch):
-    from gramcheck.arith import BALL_F64, BallArith, BallMP
+    from gramcheck.arith import BALL_F64, Ball, BallArith, BallMP
 
     ar = BALL_F64 if prec is None else BallMP(prec)
     rng = np.random.default_rng(3)
@@ -153,15 +153,19 @@ def test_exact_operand_fast_path_gives_identical_radii(prec, monkeypatch):
         fuzzy_b = ar.exp(exact_b) - 1.5
         cases = [(exact_a, exact_b), (exact_a, fuzzy_b), (fuzzy_a, exact_b), (fuzzy_a, fuzzy_b)]
 
-        def radii():
+        exact_c = ar.asarray(rng.standard_normal((2, 5, 7)))
+        products = [(exact_a, exact_c), (exact_a, fuzzy_a), (fuzzy_a, exact_c), (fuzzy_a, fuzzy_a)]
+
+        def radii(unflag):
             out = [ar.matmul(a, b).rad for a, b in cases]
             out += [ar.sum(x, axis=-1).rad for x in (exact_a, fuzzy_a)]
             out += [ar.cumsum(x, axis=-2).rad for x in (exact_a, fuzzy_a)]
+            out += [(unflag(a) * unflag(b)).rad for a, b in products]  # elementwise: by the exact flag
             return out
 
-        fast = radii()
+        fast = radii(lambda x: x)
         monkeypatch.setattr(BallArith, "_exact", staticmethod(lambda x: False))
-        general = radii()
+        general = radii(lambda x: Ball(ar, x.mid, x.rad))
     for f, g in zip(fast, general, strict=True):
         assert np.shape(f) == np.shape(g)
         assert all(x == y for x, y in zip(np.ravel(f), np.ravel(g), strict=True))  # bit for bit (mpf compares exactly)
