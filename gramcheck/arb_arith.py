@@ -5,10 +5,13 @@ shim, on NumPy object arrays of ``arb``.
 Every ``arb`` operation returns a ball that contains the exact result of the operation on every point of
 its operands' balls, so a definition evaluated here encloses the exact output, as ``BallMP`` does, at a
 fraction of its cost (matrix products through ``arb_mat``). Conventions shared with ``BallArith``: a
-quotient whose denominator ball contains 0 without being exactly 0 keeps the midpoint quotient with an
-infinite radius (arb itself returns an indeterminate ball), so that the oracle raises the precision
-instead of calling the entry undefined; an exact 0 denominator gives the undefined value (NaN midpoint);
-where a branch point (x > c) falls inside x's ball, both branches are covered (their union).
+quotient whose denominator ball contains 0 without being exactly 0 is unknown, not undefined, so that the
+oracle raises the precision; only a quotient by an exact 0 (and the logarithm of an exact 0) is undefined,
+marked by a plain float NaN or -inf in the object array (any arithmetic on the marker yields an arb NaN,
+which is unknown again); every other arb whose midpoint is NaN or infinite (Arb's indeterminate balls:
+a division by a ball containing 0 through the ``/`` operator) is unknown, with an infinite bound; the
+square root of a ball reaching below 0 covers [0, sqrt(upper end)], as the shim's balls do; where a
+branch point (x > c) falls inside x's ball, both branches are covered (their union).
 
 Optional: ``available()`` says whether python-flint is importable (extra ``gramcheck[arb]``).
 """
@@ -43,6 +46,33 @@ def _map(f: Any, *xs: Any) -> np.ndarray:
     return np.asarray(np.frompyfunc(f, len(xs), 1)(*xs), dtype=object)
 
 
+def _up(e: Any) -> float:
+    """An exact arb (or float) as a float64 no smaller (one step up where the nearest fell below)."""
+    f = float(e)
+    return math.nextafter(f, math.inf) if f < e else f
+
+
+def _radius_up(e: Any) -> float:
+    if not isinstance(e, _flint().arb):
+        return 0.0 if math.isfinite(e) else math.inf
+    return _up(e.rad()) if e.is_finite() else math.inf
+
+
+def _certify1(e: Any) -> tuple[float, float, bool]:
+    """(value, bound >= |value - exact|, undefined) for one entry: its midpoint rounded to float64 and the
+    upper end of |ball - value|, mid and radius each rounded up and their sum one step up."""
+    if not isinstance(e, _flint().arb):  # a plain float: exact, or the undefined marker
+        return float(e), (0.0 if math.isfinite(e) else math.inf), not math.isfinite(e)
+    if not e.is_finite():
+        return 0.0, math.inf, False
+    value = float(e.mid())
+    if not math.isfinite(value):  # a finite ball beyond float64's range: no float64 value is certified
+        return value, math.inf, False
+    d = e - _flint().arb(value)
+    a, r = _up(abs(d.mid())), _up(d.rad())
+    return value, (a if r == 0 else math.nextafter(a + r, math.inf)), False
+
+
 class _ArbBackend:
     def __init__(self, prec: int):
         if prec < 53:
@@ -72,11 +102,26 @@ class _ArbBackend:
     def exp(self, x: Any) -> np.ndarray:
         return _map(lambda a: self._arb(a).exp(), x)
 
+    def _log1(self, a: Any) -> Any:
+        a = self._arb(a)
+        if a > 0:
+            return a.log()
+        if a.is_exact() and a.is_zero():
+            return -math.inf  # log 0: the undefined marker
+        return _flint().arb(0, math.inf)  # a ball reaching 0 or below: unknown at this precision
+
     def log(self, x: Any) -> np.ndarray:
-        return _map(lambda a: self._arb(a).log(), x)
+        return _map(self._log1, x)
+
+    def _sqrt1(self, a: Any) -> Any:
+        a = self._arb(a)
+        if a > 0 or not a.is_finite():
+            return a.sqrt()
+        hi = a.upper()
+        return _flint().arb(0).union((hi if hi > 0 else _flint().arb(0)).sqrt())  # [0, sqrt(upper end)]
 
     def sqrt(self, x: Any) -> np.ndarray:
-        return _map(lambda a: self._arb(a).sqrt(), x)
+        return _map(self._sqrt1, x)
 
     def sin(self, x: Any) -> np.ndarray:
         return _map(lambda a: self._arb(a).sin(), x)
@@ -87,10 +132,9 @@ class _ArbBackend:
     def _div1(self, a: Any, b: Any) -> Any:
         a, b = self._arb(a), self._arb(b)
         if b.is_exact() and b.is_zero():
-            return _flint().arb("nan")  # x / 0: undefined, as 0/0 and x/0 in the other arithmetics
-        if b.contains(0):  # a denominator straddling 0: the midpoint quotient, radius unbounded
-            mb = b.mid()
-            return _flint().arb(float((a.mid() / mb).mid()) if not mb.is_zero() else math.nan, math.inf)
+            return math.nan  # x / 0: the undefined marker, as 0/0 and x/0 in the other arithmetics
+        if b.contains(0):  # a denominator straddling 0: unknown at this precision
+            return _flint().arb(0, math.inf)
         return a / b
 
     def div(self, a: Any, b: Any) -> np.ndarray:
@@ -117,28 +161,20 @@ class ArbArith(Arith):
 
     # enclosures ------------------------------------------------------------------------------------
     def radius(self, x: Any) -> np.ndarray:
-        """Radii as float64 rounded up (one part in 2^52); inf where the ball is not finite."""
-
-        def rad(a: Any) -> float:
-            a = self.b._arb(a)
-            r = float(a.rad())
-            return r if a.is_finite() else math.inf
-
-        return np.asarray(_map(rad, x), dtype=np.float64) * (1.0 + 2.0**-52)
+        """Radii as float64 rounded up; inf where the ball is not finite (an unknown or undefined entry)."""
+        return np.asarray(_map(_radius_up, x), dtype=np.float64)
 
     def mid(self, x: Any) -> np.ndarray:
         return _map(lambda a: self.b._arb(a).mid(), x)
 
     def certify64(self, x: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(float64 midpoints, bounds on |float64 value - exact|, undefined: NaN or infinite midpoint)."""
+        """(float64 values, bounds on |value - exact| rounded up, undefined). Undefined: the markers of an
+        exact x/0 or log 0. An entry whose ball is not finite is unknown: value 0, bound inf."""
         with self.context():
-            value = self.b.to_float64(x)
-            undefined = ~np.isfinite(value) & ~np.asarray(_map(lambda a: self.b._arb(a).mid().is_finite(), x), bool)
-            diff = x - self.b.asarray(np.where(np.isfinite(value), value, 0.0))
-            bound = np.asarray(_map(lambda a: float(a.abs_upper()), diff), dtype=np.float64) * (1.0 + 2.0**-52)
-        finite_ball = np.asarray(_map(lambda a: self.b._arb(a).is_finite(), x), dtype=bool)
-        bound = np.where(finite_ball & ~undefined, bound, math.inf)
-        return value, bound, undefined
+            out = [_certify1(e) for e in np.ravel(np.asarray(x, dtype=object))]
+        shape = np.shape(x)
+        value, bound, undefined = (np.asarray([o[i] for o in out]).reshape(shape) for i in range(3))
+        return value.astype(np.float64), bound.astype(np.float64), undefined.astype(bool)
 
     # branches: where the branch point lies inside the ball, the union of both branches --------------
     def _branch(self, x: Any, c: float, above: Any, below: Any) -> np.ndarray:

@@ -239,6 +239,37 @@ class Arith:
         return self.asarray(np.maximum.accumulate(np.asarray(self.b.to_float64(self.mid(x))), axis=axis))
 
 
+def _up1(e: Any) -> float:
+    f = float(e)
+    return math.nextafter(f, math.inf) if f < e else f  # the comparison is exact for mpf and exact arb
+
+
+def float_up(x: Any) -> np.ndarray:
+    """Values as float64, never below the value: float64 arrays as they are; exact mpf or arb entries
+    converted to nearest, then one step up where that fell below (subnormals included, where a relative
+    margin would not help)."""
+    arr = np.asarray(x)
+    if arr.dtype != object:
+        return np.asarray(arr, dtype=np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN and overflowing radii convert as they are
+        return np.asarray(np.frompyfunc(_up1, 1, 1)(arr), dtype=np.float64)
+
+
+def sum_up(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a + b for non-negative float64 arrays, never below the exact sum (one step up unless exact)."""
+    s = a + b
+    exact = (s - a == b) & (s - b == a)
+    return np.where(exact | ~np.isfinite(s), s, np.nextafter(s, np.inf))
+
+
+def _exact_difference(mid: Any, val: np.ndarray) -> Any:
+    """mid - val exactly (mpf midpoints: mpmath's exact subtraction; float64 midpoints: val is mid)."""
+    if np.asarray(mid).dtype != object:
+        return np.asarray(mid, dtype=np.float64) - val
+    sub = np.frompyfunc(lambda m, v: mpmath.fsub(m, mpmath.mpf(float(v)), exact=True), 2, 1)
+    return sub(np.asarray(mid, dtype=object), val)
+
+
 def _nonfinite(x: Any) -> np.ndarray:
     """Entries of a float64 or mpf array that are NaN or infinite."""
     if np.asarray(x).dtype != object:
@@ -344,9 +375,8 @@ class BallArith(Arith):
         return self.b.to_float64(x.mid)
 
     def radius(self, x: Ball) -> np.ndarray:
-        """Radius as float64, rounded up by one part in 2^52 so the float enclosure stays valid."""
-        r = np.asarray(self.b.to_float64(x.rad), dtype=np.float64)
-        return r * (1.0 + 2.0**-52)
+        """Radius as float64 rounded up (``float_up``), and by one more part in 2^52."""
+        return float_up(x.rad) * (1.0 + 2.0**-52)
 
     def mid(self, x: Any) -> Any:
         return x.mid if isinstance(x, Ball) else x
@@ -357,7 +387,8 @@ class BallArith(Arith):
         with self.context():
             val = self.b.to_float64(x.mid)
             undefined = ~np.isfinite(val) & _nonfinite(x.mid)
-            bound = self.radius(x) + np.abs(self.b.to_float64(x.mid - self.b.asarray(np.where(undefined, 0.0, val))))
+            rounding = float_up(np.abs(_exact_difference(x.mid, np.where(undefined, 0.0, val))))
+            bound = sum_up(self.radius(x), rounding)
         return val, np.where(undefined, np.inf, bound), undefined
 
     # the four operations -------------------------------------------------------------------------
