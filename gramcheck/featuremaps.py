@@ -49,8 +49,8 @@ def elementwise(name: str) -> Any:
 
 
 def _favor_parts(ar: Any, x: Any, projection: Any, kind: str, scale: float | None) -> tuple[Any, Any, int, Any]:
-    """(L, F, count, |x|^2/2) with phi(x) = exp(L) F / sqrt(count): the log-amplitude L (..., N, k) and
-    the bounded multiplier F ([sin, cos] for trig, None for the exponential kinds)."""
+    """(L, F, count, W x) with phi(x) = exp(L) F / sqrt(count): the log-amplitude L (..., N, k), the bounded
+    multiplier F ([sin, cos] for trig, None for the exponential kinds) and the projection W x (..., N, m)."""
     check_choice("kind", kind, FAVOR_KINDS)
     d = x.shape[-1]
     m = projection.shape[-2]
@@ -61,10 +61,10 @@ def _favor_parts(ar: Any, x: Any, projection: Any, kind: str, scale: float | Non
     proj = ar.matmul(xs, ar.mT(projection))  # (B, H, N, m): w_i . x
     half_sq = ar.sum(xs * xs, axis=-1, keepdims=True) / 2.0
     if kind == "trig":
-        return half_sq, ar.concat([ar.sin(proj), ar.cos(proj)], axis=-1), m, half_sq
+        return half_sq, ar.concat([ar.sin(proj), ar.cos(proj)], axis=-1), m, proj
     if kind == "positive":
-        return proj - half_sq, None, m, half_sq
-    return ar.concat([proj - half_sq, -proj - half_sq], axis=-1), None, 2 * m, half_sq
+        return proj - half_sq, None, m, proj
+    return ar.concat([proj - half_sq, -proj - half_sq], axis=-1), None, 2 * m, proj
 
 
 def favor(
@@ -89,9 +89,11 @@ def favor(
     ``'projection'`` the maximum of w.x alone (performer-pytorch's ``softmax_kernel``).
     """
     check_choice("shift", shift, ("log-amplitude", "projection"))
-    log_amp, mult, count, half_sq = _favor_parts(ar, x, projection, kind, scale)
+    log_amp, mult, count, proj = _favor_parts(ar, x, projection, kind, scale)
     if stabilize:
-        base = log_amp + half_sq if shift == "projection" and mult is None else log_amp
+        base = log_amp  # the exponent itself; 'projection': its W x part (without -|x|^2/2)
+        if shift == "projection" and mult is None:
+            base = proj if kind == "positive" else ar.concat([proj, -proj], axis=-1)
         log_amp = log_amp - ar.stop_max(base, -1 if is_query else (-2, -1))
     feats = ar.exp(log_amp) if mult is None else ar.exp(log_amp) * mult
     if feature_eps:
