@@ -285,6 +285,7 @@ class TermArith:
             for parent, vjp in node.parents:
                 with np.errstate(all="ignore"):
                     c = vjp(node.adj)
-                # 0 * inf: no adjoint flows along an edge whose partial is infinite (or the reverse)
+                # 0 * inf (a zero adjoint times an infinite partial, inside a product or a sum) gives NaN; it
+                # is taken as 0, which can only make T smaller there (a tighter floor, never a looser one)
                 c = np.where(np.isnan(c), 0.0, c)
                 parent.adj = c if parent.adj is None else parent.adj + c
