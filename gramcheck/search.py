@@ -267,8 +267,7 @@ def _run_property(
             if f is None:
                 continue
             state.count += 1
-            if not state.worst or _worse(f, state.worst[0]):
-                state.worst[:] = [f]
+            state.record(f)
             if not f.passed:
                 # shrink it: a search over that kind alone (its first failure is shrunk by Hypothesis)
                 again = _State()
@@ -279,12 +278,12 @@ def _run_property(
                 else:
                     f.details["shrunk"] = False
                 f.details["examples"] = state.count + again.count
-                _coverage(f, kinds, state.drawn)
+                _coverage(f, kinds, state)
                 annotate(f, prop, target, ex, causal=causal, chunks=domain.chunks)
                 return f
     if isinstance(result, Finding):
         if result.details.get("failure") not in ("nondeterministic", "internal-error") or state.failing:
-            _coverage(result, kinds, state.drawn)
+            _coverage(result, kinds, state)
         if state.failing and not state.timed_out and not result.passed:
             annotate(result, prop, target, state.failing[0], causal=causal, chunks=domain.chunks)
         return result
@@ -292,7 +291,7 @@ def _run_property(
         return _no_examples(prop)
     f = state.worst[0]
     f.details["examples"] = state.count
-    _coverage(f, kinds, state.drawn)
+    _coverage(f, kinds, state)
     return f
 
 
@@ -305,6 +304,13 @@ class _State:
         self.timed_out: list[Finding] = []
         self.drawn: dict[str, int] = {}
         self.failing: list[Any] = []
+        self.unjudged: set[str] = set()  # parts some example's Finding could not judge (``details["unjudged"]``)
+
+    def record(self, f: Finding) -> None:
+        """Keep f if it is the worst so far, and the parts it could not judge."""
+        self.unjudged.update(f.details.get("unjudged", ()))
+        if not self.worst or _worse(f, self.worst[0]):
+            self.worst[:] = [f]
 
 
 def _guarded_call(prop: Property, target: Target, ex: Any, causal: bool) -> Finding | None:
@@ -346,8 +352,7 @@ def _search(
         state.count += 1
         score = _score(f)
         htarget(score if math.isfinite(score) else 1e300, label=prop.name)
-        if not state.worst or _worse(f, state.worst[0]):
-            state.worst[:] = [f]
+        state.record(f)
         if not f.passed:
             state.failing[:] = [ex]
             raise _Failed(f)  # one raise site: Hypothesis tells failures apart by where they are raised
@@ -376,12 +381,16 @@ def _search(
     return None
 
 
-def _coverage(f: Finding, kinds: tuple[str, ...], drawn: dict[str, int]) -> None:
-    """Finding.details: examples per kind, and the property's kinds that no example drew."""
-    f.details["kinds_drawn"] = dict(sorted(drawn.items()))
-    missing = [k for k in kinds if k not in drawn]
+def _coverage(f: Finding, kinds: tuple[str, ...], state: _State) -> None:
+    """Finding.details: examples per kind, the property's kinds that no example drew, and the parts that
+    some example could not judge (all examples', not only the reported one's)."""
+    f.details["kinds_drawn"] = dict(sorted(state.drawn.items()))
+    missing = [k for k in kinds if k not in state.drawn]
     if missing:
         f.details["kinds_not_drawn"] = missing
+    if state.unjudged:
+        f.details["unjudged"] = sorted(state.unjudged)
+        f.details["note"] = f"not judged on every example: {', '.join(sorted(state.unjudged))}"
 
 
 def _no_examples(prop: Property) -> Finding:

@@ -100,6 +100,15 @@ def test_a_tensor_the_floor_cannot_judge_is_named_not_passed():
     assert f.passed or f.details["entry"].startswith("dq")
 
 
+def test_gradients_not_judged_on_some_examples_are_named_in_the_finding():
+    """The search reports the union of the parts its examples could not judge, not only the reported
+    example's: the delta rule at N = 24-40 passes on what it judges, and names the rest."""
+    dom = {"min_n": 24, "max_n": 40, "min_d": 16, "max_d": 16, "examples": 8}
+    f = check("builtin:deltanet", causal=True, properties=["backward-agreement"], domain=dom).findings[0]
+    assert f.passed and {"dq", "dk"} <= set(f.details["unjudged"]), f.details
+    assert "not judged on every example" in f.details["note"]
+
+
 def test_naive_definition_measures_near_one_half():
     """The rule's own naive reference as a target: its error is the naive error, so each gradient measures
     e / (2 e + floor) <= 1/2 (a long bfloat16 recurrence)."""
