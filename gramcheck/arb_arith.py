@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import contextlib
 import math
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
 from .arith import Arith
+
+_PRECISION_LOCK = threading.RLock()  # flint.ctx.prec is process-global
 
 
 def available() -> bool:
@@ -142,13 +145,16 @@ class _ArbBackend:
 
     @contextlib.contextmanager
     def context(self) -> Iterator[None]:
+        """flint's working precision for the block. It is one setting per process, so the block holds a
+        lock: a truth evaluated in another thread meanwhile waits instead of changing it."""
         ctx = _flint().ctx
-        old = ctx.prec
-        ctx.prec = self.prec
-        try:
-            yield
-        finally:
-            ctx.prec = old
+        with _PRECISION_LOCK:
+            old = ctx.prec
+            ctx.prec = self.prec
+            try:
+                yield
+            finally:
+                ctx.prec = old
 
 
 class ArbArith(Arith):

@@ -103,3 +103,42 @@ def test_a_cancelling_output_norm_is_certified_not_undefined():
     with MP(400).context():
         dist = np.abs(np.asarray(exact, dtype=object) - MP(400).asarray(t.value))
         assert all(d <= b for d, b in zip(np.ravel(dist), np.ravel(t.bound), strict=True))
+
+
+def test_concurrent_evaluations_keep_their_own_precision():
+    """flint's precision is one setting per process: a thread that enters a 600-bit evaluation while
+    another is inside a 60-bit one must not change the first one's precision (the context holds a lock)."""
+    import threading
+    import time
+
+    from flint import arb
+
+    inside, entering, done = threading.Event(), threading.Event(), threading.Event()
+    out = {}
+
+    def third_radius(ar):
+        return ar.radius(ar.div(np.array([arb(1)], dtype=object), np.array([arb(3)], dtype=object)))[0]
+
+    def low():
+        ar = ArbArith(60)
+        with ar.context():
+            inside.set()
+            entering.wait(5)
+            time.sleep(0.05)  # the other thread, were it not locked out, is now inside at 600 bits
+            out[60] = third_radius(ar)
+        done.set()
+
+    def high():
+        inside.wait(5)
+        entering.set()
+        ar = ArbArith(600)
+        with ar.context():
+            done.wait(5)
+            out[600] = third_radius(ar)
+
+    threads = [threading.Thread(target=low), threading.Thread(target=high)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert 2.0**-62 < out[60] < 2.0**-58 and out[600] < 2.0**-590, out
