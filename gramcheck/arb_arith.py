@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from .arith import Arith
+from .arith import Arith, float_up_one
 
 _PRECISION_LOCK = threading.RLock()  # flint.ctx.prec is process-global
 
@@ -49,16 +49,10 @@ def _map(f: Any, *xs: Any) -> np.ndarray:
     return np.asarray(np.frompyfunc(f, len(xs), 1)(*xs), dtype=object)
 
 
-def _up(e: Any) -> float:
-    """An exact arb (or float) as a float64 no smaller (one step up where the nearest fell below)."""
-    f = float(e)
-    return math.nextafter(f, math.inf) if f < e else f
-
-
 def _radius_up(e: Any) -> float:
     if not isinstance(e, _flint().arb):
         return 0.0 if math.isfinite(e) else math.inf
-    return _up(e.rad()) if e.is_finite() else math.inf
+    return float_up_one(e.rad()) if e.is_finite() else math.inf
 
 
 def _certify1(e: Any) -> tuple[float, float, bool]:
@@ -72,7 +66,7 @@ def _certify1(e: Any) -> tuple[float, float, bool]:
     if not math.isfinite(value):  # a finite ball beyond float64's range: no float64 value is certified
         return value, math.inf, False
     d = e - _flint().arb(value)
-    a, r = _up(abs(d.mid())), _up(d.rad())
+    a, r = float_up_one(abs(d.mid())), float_up_one(d.rad())
     return value, (a if r == 0 else math.nextafter(a + r, math.inf)), False
 
 

@@ -239,9 +239,11 @@ class Arith:
         return self.asarray(np.maximum.accumulate(np.asarray(self.b.to_float64(self.mid(x))), axis=axis))
 
 
-def _up1(e: Any) -> float:
+def float_up_one(e: Any) -> float:
+    """An exact mpf, arb or float as a float64 no smaller: to nearest, then one step up where that fell
+    below (the comparison is exact for exact values)."""
     f = float(e)
-    return math.nextafter(f, math.inf) if f < e else f  # the comparison is exact for mpf and exact arb
+    return math.nextafter(f, math.inf) if f < e else f
 
 
 def float_up(x: Any) -> np.ndarray:
@@ -252,7 +254,7 @@ def float_up(x: Any) -> np.ndarray:
     if arr.dtype != object:
         return np.asarray(arr, dtype=np.float64)
     with np.errstate(invalid="ignore", over="ignore"):  # NaN and overflowing radii convert as they are
-        return np.asarray(np.frompyfunc(_up1, 1, 1)(arr), dtype=np.float64)
+        return np.asarray(np.frompyfunc(float_up_one, 1, 1)(arr), dtype=np.float64)
 
 
 def sum_up(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -231,10 +231,11 @@ def environment(device: str, dtype: str, *, target_spec: str = "") -> dict[str, 
         "device": device,
         "dtype": dtype,
     }
+    from .arb_arith import ArbArith
     from .oracle import escalation_arith
 
-    # the oracle's escalation arithmetic (arb where python-flint is installed, else mpmath balls)
-    env["python_flint"] = _flint_version() if escalation_arith(53).name.startswith("arb") else None
+    # the oracle's escalation arithmetic (Arb where python-flint is installed, else mpmath balls)
+    env["python_flint"] = _flint_version() if isinstance(escalation_arith(53), ArbArith) else None
     try:
         import torch
 

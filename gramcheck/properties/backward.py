@@ -78,15 +78,20 @@ def definition_gradients(
     torch = _torch()
     ar = TorchDefinition(dtype)
     t = {n: ar.asarray(x).requires_grad_(n in names) for n, x in arrays.items()}
-    q, k, v = t["q"], t["k"], t["v"]
+    with torch.enable_grad():
+        res = _run_definition(target, ar, t, causal=causal)
+        loss = _loss(res, torch.as_tensor(w), None if ws is None else torch.as_tensor(ws))
+        return _grads(loss, {n: t[n] for n in names})
+
+
+def _run_definition(target: Target, ar: Any, t: dict[str, Any], *, causal: bool) -> Any:
+    """The variant's definition in arithmetic ``ar`` on the values ``t`` (q, k, v, extras and, when
+    present, the initial state, whose final state is then returned with the output)."""
     extras = {n: x for n, x in t.items() if n not in ("q", "k", "v", "initial_state")}
     opts: dict[str, Any] = {}
     if "initial_state" in t:
         opts = {"initial_state": t["initial_state"], "output_final_state": True}
-    with torch.enable_grad():
-        res = target.variant.reference_fn(ar, q, k, v, causal=causal, **target.params, **extras, **opts)
-        loss = _loss(res, torch.as_tensor(w), None if ws is None else torch.as_tensor(ws))
-        return _grads(loss, {n: t[n] for n in names})
+    return target.variant.reference_fn(ar, t["q"], t["k"], t["v"], causal=causal, **target.params, **extras, **opts)
 
 
 def target_gradients(
@@ -127,12 +132,8 @@ def gradient_terms(
     local partials|, seeded with |W| (and |W_S|), through the variant's definition (gramcheck.gradient_terms)."""
     ar = TermArith()
     t = {n: ar.asarray(x) for n, x in arrays.items()}
-    extras = {n: x for n, x in t.items() if n not in ("q", "k", "v", "initial_state")}
-    opts: dict[str, Any] = {}
-    if "initial_state" in t:
-        opts = {"initial_state": t["initial_state"], "output_final_state": True}
     with ar.context():
-        res = target.variant.reference_fn(ar, t["q"], t["k"], t["v"], causal=causal, **target.params, **extras, **opts)
+        res = _run_definition(target, ar, t, causal=causal)
         outs = res if isinstance(res, (tuple, list)) else (res,)
         ar.backward([(o, s) for o, s in zip(outs, (w, ws), strict=False) if s is not None])
     return {n: np.zeros(np.shape(arrays[n])) if t[n].adj is None else np.asarray(t[n].adj) for n in names}
@@ -191,21 +192,18 @@ def backward_agreement(target: Target, ex: AttentionInputs, *, causal: bool) -> 
     # x's gradient even where it vanishes by cancellation (dq and dk of a normalised form at N = 1)
     sensitivity = sum(float(np.max(np.abs(ref[n]), initial=0.0)) * size[n] for n in names)
 
-    def own_size(n: str) -> float:
-        """max |G*_x|, or where it vanishes up to float64 rounding, its natural size."""
-        largest = float(np.max(np.abs(ref[n]), initial=0.0))
-        natural = sensitivity / size[n] if size[n] > 0 else 0.0
-        return largest if largest > CANCELLED * natural else natural
-
     for n in names:
         diff_n = np.abs(naive[n] - ref[n])
         e_n = float(np.max(np.where(np.isnan(diff_n), np.inf, diff_n), initial=0.0))
-        scale = np.maximum(float(np.max(np.abs(ref[n]), initial=0.0)), terms[n])
+        largest = float(np.max(np.abs(ref[n]), initial=0.0))
+        natural = sensitivity / size[n] if size[n] > 0 else 0.0
+        own_size = largest if largest > CANCELLED * natural else natural  # natural where G*_x cancels to 0
+        scale = np.maximum(largest, terms[n])
         if _is_log_decay(target, n):  # production kernels form dg as a reverse sum that cancels
             scale = np.maximum(scale, log_decay_terms(arrays, ref, n))
         floor = BACKWARD_FLOOR_ULPS * u * scale
         naive_err[f"d{n}"], scales[f"d{n}"] = e_n, float(np.max(scale))
-        if float(np.max(floor)) >= own_size(n):
+        if float(np.max(floor)) >= own_size:
             unjudged.append(f"d{n}")  # the floor alone admits an error as large as the gradient itself
             continue
         err = np.abs(got[n] - ref[n])
