@@ -25,7 +25,7 @@ from typing import Any
 import mpmath
 import numpy as np
 
-from .precision import gamma, mp_precision
+from .precision import PROBABILISTIC_LAMBDA, gamma, gamma_tilde, mp_precision
 
 Array = Any  # an ndarray (float64 or object of mpf) or a Ball
 
@@ -558,9 +558,6 @@ def rounding_model(dtype: Any) -> BallArith:
     return BallArith(_ModelBackend(dtype))
 
 
-PROBABILISTIC_LAMBDA = 8.0
-
-
 class ProbabilisticModel(BallArith):
     """The rounding model of ``dtype`` with every accumulation of n roundings (sums, cumulative sums,
     inner products) charged gamma~_n(lambda) = exp(lambda sqrt(n) u + n u^2 / (1 - u)) - 1 instead of
@@ -578,9 +575,7 @@ class ProbabilisticModel(BallArith):
         self.products = 0
 
     def _gammas(self, n: Any) -> Any:
-        u = self.b.u
-        nn = np.asarray(n, dtype=np.float64)
-        return np.expm1(self.lam * np.sqrt(nn) * u + nn * u * u / (1 - u))
+        return gamma_tilde(np.asarray(n, dtype=np.float64), lam=self.lam, u=self.b.u)
 
     def failure_probability(self) -> float:
         """Union bound: P(some bounded product exceeds its bound) <= products * 2 exp(-lambda^2 (1-u)^2 / 2)."""

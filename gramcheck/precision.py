@@ -88,6 +88,24 @@ def gamma(n: Any, dtype: Any = "float64", *, u: Any = None) -> Any:
     return np.where(ok, nu / np.where(ok, 1 - nu, 1), math.inf)
 
 
+PROBABILISTIC_LAMBDA = 8.0
+
+
+def gamma_tilde(n: Any, dtype: Any = "float64", *, lam: float = PROBABILISTIC_LAMBDA, u: Any = None) -> Any:
+    """gamma~_n(lambda) = exp(lambda sqrt(n) u + n u^2 / (1 - u)) - 1 (Higham & Mary 2019, Theorem 2.4):
+    the relative error of a product of n rounding factors (a sum or inner product of n terms in any
+    order) with probability at least 1 - 2 exp(-lambda^2 (1 - u)^2 / 2) per product, when rounding errors
+    are independent with mean zero (proofs/probabilistic-rounding.md). ``n`` may be an array; ``u``
+    overrides the dtype's unit roundoff. The one definition: the probabilistic rounding model and the
+    backward rule's accumulation floor use it."""
+    uu = unit_roundoff(dtype) if u is None else float(u)
+    nn = np.asarray(n, dtype=np.float64)
+    if np.any(nn < 0):
+        raise ValueError(f"n: got minimum {nn.min()}; expected every n >= 0")
+    out = np.expm1(lam * np.sqrt(nn) * uu + nn * uu * uu / (1 - uu))
+    return float(out) if np.ndim(n) == 0 else out
+
+
 # (exponent of the smallest subnormal, largest finite value) per format
 _RANGE: dict[str, tuple[int, float]] = {
     "float64": (-1074, float(np.finfo(np.float64).max)),

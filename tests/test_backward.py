@@ -73,9 +73,9 @@ def test_a_backward_that_raises_is_the_targets_failure():
 def test_a_floor_as_large_as_the_gradient_judges_nothing():
     """The delta rule's state transitions I - beta k k^T have signed entries: the chain rule's paths over N
     tokens sum to sizes growing exponentially in N (proofs/backward-agreement.md), so from N ~ 32 on the
-    floor 4u T exceeds every gradient. Those gradients are not judged: the example does not count, and a
-    domain of such examples is skipped with its reason, never passed. On short sequences the same bug
-    (dk = 0) fails."""
+    floor (4u + gamma~_n) T exceeds every gradient. Those gradients are not judged: the example does not
+    count, and a domain of such examples is skipped with its reason, never passed. On short sequences the
+    same bug (dk = 0) fails."""
     long = {"min_n": 96, "max_n": 128, "min_d": 16, "max_d": 16, "examples": 3}
     r = check(deltanet_detached_keys, "deltanet", causal=True, properties=["backward-agreement"], domain=long)
     f = r.findings[0]
@@ -85,8 +85,8 @@ def test_a_floor_as_large_as_the_gradient_judges_nothing():
 
 
 def test_a_tensor_the_floor_cannot_judge_is_named_not_passed():
-    """bfloat16 QK-norm FAVOR+: the normalisations' terms cancel so far that 4u T reaches |dq|; a backward
-    with dq = 0 then is not judged on dq (named in the Finding's note), where it would pass the floor."""
+    """bfloat16 QK-norm FAVOR+: the normalisations' terms cancel so far that the floor reaches |dq|; a
+    backward with dq = 0 then is not judged on dq (named in the Finding's note), where it would pass the floor."""
     r = check(
         qknorm_performer_detached_queries,
         "qknorm-performer",
@@ -105,7 +105,7 @@ def test_gradients_not_judged_on_some_examples_are_named_in_the_finding():
     example's: the delta rule at N = 24-40 passes on what it judges, and names the rest."""
     dom = {"min_n": 24, "max_n": 40, "min_d": 16, "max_d": 16, "examples": 8}
     f = check("builtin:deltanet", causal=True, properties=["backward-agreement"], domain=dom).findings[0]
-    assert f.passed and {"dq", "dk"} <= set(f.details["unjudged"]), f.details
+    assert f.passed and {"dk", "dbeta"} <= set(f.details["unjudged"]), f.details
     assert "not judged on every example" in f.details["note"]
 
 

@@ -3,7 +3,7 @@ import math
 import mpmath
 import pytest
 
-from gramcheck.precision import gamma, mp_precision, unit_roundoff
+from gramcheck.precision import gamma, gamma_tilde, mp_precision, unit_roundoff
 
 
 @pytest.mark.parametrize(
@@ -29,6 +29,24 @@ def test_gamma_formula_and_domain():
     assert gamma(2**24, "float32") == math.inf  # n u = 1: no bound of this form
     with pytest.raises(ValueError, match="n"):
         gamma(-1)
+
+
+def test_gamma_tilde_formula_and_its_growth_against_gamma():
+    """gamma~_n(lambda) = exp(lambda sqrt(n) u + n u^2 / (1 - u)) - 1, elementwise on arrays; it grows like
+    sqrt(n) (gamma_n like n), so it is below gamma_n from n = lambda^2 on, and it stays finite where
+    gamma_n has no bound (n u >= 1)."""
+    import numpy as np
+
+    u = unit_roundoff("float32")
+    expected = math.expm1(8 * math.sqrt(100) * u + 100 * u * u / (1 - u))
+    assert gamma_tilde(100, "float32") == pytest.approx(expected, rel=1e-15)
+    assert gamma_tilde(400, "float32", lam=1.0) == pytest.approx(20 * u, rel=1e-5)  # lambda sqrt(n) u + O(u^2)
+    arr = gamma_tilde(np.array([0.0, 16.0, 64.0, 1024.0]), "float32")
+    assert arr[0] == 0.0 and arr[1] > gamma(16, "float32") and arr[3] < gamma(1024, "float32")
+    assert gamma_tilde(64, "float32") == pytest.approx(gamma(64, "float32"), rel=1e-4)
+    assert math.isfinite(gamma_tilde(300, "bfloat16")) and gamma(300, "bfloat16") == math.inf
+    with pytest.raises(ValueError, match="n: got minimum -1"):
+        gamma_tilde(-1)
 
 
 def test_unknown_dtype_names_argument():

@@ -5,13 +5,18 @@ For L = <W, o> (+ <W_S, S_N> for a state-passing target, run from a nonzero S_0)
 representable in the dtype, each gradient G_x (x in q, k, v, the differentiable extra inputs, and the
 initial state) is compared with the reference G*_x, autograd of the definition evaluated in float64:
 
-    max |G_x - G*_x| <= k max |N_x - G*_x| + 4 u s_x,   k = 2,   s_x = max(max |G*_x|, T_x) componentwise,
+    max |G_x - G*_x| <= k max |N_x - G*_x| + (4 u + gamma~_n(lambda; u_32)) s_x,   k = 2,
+    s_x = max(max |G*_x|, T_x) componentwise,   n = N + d_k + d_v,
 
 N_x being autograd of the same definition evaluated in the target's dtype (the low-precision rule of the
 forward, proofs/low-precision-rule.md, applied per gradient tensor, as FlashAttention's backward tests
 do) and T_x the size of each entry's terms: the chain rule's sum over paths of the products of the
-partials' sizes (``gramcheck.gradient_terms``). Applies to float32, bfloat16 and float16 targets; float64
-targets are left to gradcheck.
+partials' sizes (``gramcheck.gradient_terms``). The floor is the final roundings' 4 u s_x in the
+target's dtype plus Higham and Mary's probabilistic bound of an accumulation of n terms in float32 (the
+least precision any kernel accumulates in), n bounding the roundings on any chain-rule path (a sum over
+the tokens of terms formed by inner products over the head dimensions): a correct float32 algorithm that
+sums in another order than the definition errs by that much. Applies to float32, bfloat16 and float16
+targets; float64 targets are left to gradcheck.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import numpy as np
 from ..autodiff import TorchDefinition
 from ..findings import Finding
 from ..gradient_terms import TermArith
-from ..precision import round_to, unit_roundoff
+from ..precision import gamma_tilde, round_to, unit_roundoff
 from ..strategies import AttentionInputs
 from ..targets import Target
 from .base import guarded
@@ -32,6 +37,7 @@ from .state import initial_state_of, parts_finding
 
 BACKWARD_K = 2.0
 BACKWARD_FLOOR_ULPS = 4.0
+ACCUMULATOR = "float32"  # the least precision a kernel accumulates in (fla's kernels; tensor cores)
 CANCELLED = 2.0**-40  # a reference gradient this small against its natural size vanishes by cancellation
 
 
@@ -155,6 +161,12 @@ def log_decay_terms(arrays: dict[str, np.ndarray], ref: dict[str, np.ndarray], n
     return np.broadcast_to(total if g.ndim == 4 else total[..., 0], g.shape)
 
 
+def accumulation_length(ex: AttentionInputs) -> int:
+    """n = N + d_k + d_v: the roundings of an accumulation on any chain-rule path of an attention gradient
+    (a sum over at most N tokens of terms formed by inner products over d_k and d_v)."""
+    return int(ex.q.shape[2] + ex.q.shape[-1] + ex.v.shape[-1])
+
+
 def smooth_definition(variant: Any, causal: bool, params: dict[str, Any]) -> bool:
     """The definition's gradient is well conditioned wherever it exists: no denominator can vanish (relu
     and trig features excluded: near a vanishing denominator the gradient of the definition itself loses
@@ -164,7 +176,8 @@ def smooth_definition(variant: Any, causal: bool, params: dict[str, Any]) -> boo
 
 @guarded("backward-agreement")
 def backward_agreement(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding | None:
-    """Per gradient tensor: max|G - G*| <= 2 max|N - G*| + 4 u max(max|G*|, T) (module docstring)."""
+    """Per gradient tensor: max|G - G*| <= 2 max|N - G*| + (4 u + gamma~_n) max(max|G*|, T) (module
+    docstring)."""
     if target.dtype == "float64":
         return Finding.skip("backward-agreement", "float64 target: gradcheck judges its gradients")
     if _undefined(target, ex, causal):
@@ -184,7 +197,8 @@ def backward_agreement(target: Target, ex: AttentionInputs, *, causal: bool) -> 
     naive = definition_gradients(target, arrays, names, w, ws, causal=causal, dtype=target.dtype)
     terms = gradient_terms(target, arrays, names, w, ws, causal=causal)
     got = target_gradients(target, arrays, names, w, ws, causal=causal)
-    u = unit_roundoff(target.dtype)
+    length = accumulation_length(ex)
+    floor_rel = BACKWARD_FLOOR_ULPS * unit_roundoff(target.dtype) + gamma_tilde(length, ACCUMULATOR)
     parts, naive_err, scales = {}, {}, {}
     unjudged: list[str] = []
     size = {n: float(np.max(np.abs(arrays[n]), initial=0.0)) for n in names}
@@ -201,7 +215,7 @@ def backward_agreement(target: Target, ex: AttentionInputs, *, causal: bool) -> 
         scale = np.maximum(largest, terms[n])
         if _is_log_decay(target, n):  # production kernels form dg as a reverse sum that cancels
             scale = np.maximum(scale, log_decay_terms(arrays, ref, n))
-        floor = BACKWARD_FLOOR_ULPS * u * scale
+        floor = floor_rel * scale
         naive_err[f"d{n}"], scales[f"d{n}"] = e_n, float(np.max(scale))
         if float(np.max(floor)) >= own_size:
             unjudged.append(f"d{n}")  # the floor alone admits an error as large as the gradient itself
@@ -212,8 +226,10 @@ def backward_agreement(target: Target, ex: AttentionInputs, *, causal: bool) -> 
         return None  # no gradient of this input can be judged: not an example of the property
     token_axis = {f"d{n}": 2 for n in names if n not in ("initial_state",) and np.ndim(arrays[n]) >= 3}
     details: dict[str, Any] = {"naive_errors": naive_err, "gradient_scales": scales, "k": BACKWARD_K}
+    details["floor"] = {"relative": floor_rel, "accumulation_length": length}
     details["gradients"] = [f"d{n}" for n in names]
     if unjudged:
         details["unjudged"] = unjudged
-        details["note"] = f"not judged (the floor 4u T reaches the gradient's own size): {', '.join(unjudged)}"
+        reason = f"the floor {floor_rel:.2g} T reaches the gradient's own size"
+        details["note"] = f"not judged ({reason}): {', '.join(unjudged)}"
     return parts_finding("backward-agreement", ex, parts, token_axis=token_axis, **details)
