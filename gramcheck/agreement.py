@@ -77,6 +77,48 @@ def naive_definition(
     return ar.to_float64(ball)
 
 
+def naive_forms(variant: Any, q: Any, k: Any, v: Any, *, causal: bool, dtype: Any, **kwargs: Any) -> list[Naive]:
+    """The low-precision rules' yardsticks: the definition, then each other standard algorithm of the
+    variant (``Variant.algorithms``), evaluated with every operation rounded to ``dtype``, each with its
+    wide-range twin."""
+    var = _variants.get(variant)
+    definition = (naive_definition(var, q, k, v, causal=causal, dtype=dtype, wide_range=w, **kwargs) for w in (0, 1))
+    forms = [Naive(*definition)]
+    if var.algorithms_fn:
+        pairs = []
+        for wide in (False, True):
+            ar = RoundedArith(dtype, wide_range=wide)
+            with np.errstate(all="ignore"):
+                pairs.append([ar.to_float64(x) for x in var.algorithms(q, k, v, causal=causal, arith=ar, **kwargs)])
+        forms += [Naive(a, b) for a, b in zip(*pairs, strict=True)]
+    return forms
+
+
+@dataclass(frozen=True)
+class Naive:
+    """An algorithm's output with every operation rounded to the dtype, and its wide-range twin (the same
+    roundings in float64's exponent range)."""
+
+    value: np.ndarray
+    wide: np.ndarray
+
+    def in_range(self, truth_value: np.ndarray, u: float) -> np.ndarray:
+        return _in_range(self.value, self.wide, truth_value, u)
+
+
+def yardstick_error(
+    forms: list[Naive], truth_value: np.ndarray, judged: np.ndarray, u: float, size: Callable[[np.ndarray], float]
+) -> float:
+    """The low-precision rules' yardstick: the largest ``size`` of |naive - truth| over the definition and
+    each other algorithm whose result is finite and decided by rounding, not by the dtype's range, on the
+    judged entries (an algorithm that overflows where the definition does not says nothing of rounding)."""
+    errors = [size(np.abs(forms[0].value - truth_value))]
+    for f in forms[1:]:
+        if np.all(f.in_range(truth_value, u)[judged]):
+            errors.append(size(np.abs(f.value - truth_value)))
+    return max(errors)
+
+
 def _slice_scale(x: np.ndarray) -> np.ndarray:
     """max |x| over each (batch, head) slice (the last two axes), broadcast back to x's shape."""
     a = np.where(np.isfinite(x), np.abs(x), 0.0)
@@ -138,22 +180,19 @@ def check_agreement(
     fallback = u * np.maximum(finite_approx, np.maximum(rms, 2.0**-30 * scale))
 
     @functools.cache
-    def naive_pair() -> tuple[np.ndarray, np.ndarray]:
-        """The naive definition and its wide-range twin, evaluated once, when a rule first needs them."""
-        return (
-            naive_definition(variant, q, k, v, causal=causal, dtype=dtype, **kwargs),
-            naive_definition(variant, q, k, v, causal=causal, dtype=dtype, wide_range=True, **kwargs),
-        )
+    def naive() -> list[Naive]:
+        """The rule's yardsticks (``naive_forms``), evaluated once, when a rule first needs them."""
+        return naive_forms(variant, q, k, v, causal=causal, dtype=dtype, **kwargs)
 
     # first without the rule's request (float64 mostly suffices): a sharper truth is asked for only when
     # the rule's verdict could change with it (``_Judged.rule_open``)
     first = np.where(vacuous_guess, np.minimum(pbound, bound), bound)
     need = first
     if vacuous_guess.any():
-        naive, wide = naive_pair()
+        definition = naive()[0]
         with np.errstate(invalid="ignore"):
-            miss = np.abs(naive - approx)
-        lp_need = np.where(_in_range(naive, wide, approx, u), np.maximum(fallback, miss), np.inf)
+            miss = np.abs(definition.value - approx)
+        lp_need = np.where(definition.in_range(approx, u), np.maximum(fallback, miss), np.inf)
         need = np.where(vacuous_guess, np.minimum(first, lp_need), first)
     # an entry no rule can judge (every bound infinite, the naive definition not finite or moved by the
     # range) asks only for the slice magnitude that decides which rule judges its neighbours
@@ -165,7 +204,7 @@ def check_agreement(
     requests = (first, need) if vacuous_guess.any() else (need,)
     for request in requests:
         t = truth(variant, q, k, v, causal=causal, digits=None, atol=np.maximum(0.01 * request, 1e-300), **kwargs)
-        judged = _judge(name, out, v, t, bound, pbound, probability, naive_pair, u, dtype)
+        judged = _judge(name, out, v, t, bound, pbound, probability, naive, u, dtype)
         if not judged.rule_open:
             break
     return judged.finding
@@ -185,7 +224,7 @@ def _judge(
     bound: np.ndarray,
     pbound: np.ndarray,
     probability: float,
-    naive_pair: Callable[[], tuple[np.ndarray, np.ndarray]],
+    naive: Callable[[], list[Naive]],
     u: float,
     dtype: Any,
 ) -> _Judged:
@@ -221,8 +260,8 @@ def _judge(
     # 3. the low-precision rule, in norm over the entries left, where the naive definition is informative
     lp_count, unbounded = 0, int(rest.sum())
     if rest.any():
-        naive, wide = naive_pair()
-        lp = rest & _in_range(naive, wide, t.value, u)
+        forms = naive()
+        lp = rest & forms[0].in_range(t.value, u)
         lp_count, unbounded = int(lp.sum()), int((rest & ~lp).sum())
         if lp_count:
 
@@ -230,8 +269,8 @@ def _judge(
                 return float(np.sqrt(np.sum(np.where(lp, x, 0.0) ** 2)))
 
             e_t, t_bound = norm(err), norm(t.bound)
-            # the naive definition's error, at least: its distance to the truth's value less the truth's bound
-            e_n = max(norm(np.abs(naive - t.value)) - t_bound, 0.0)
+            # the yardstick's error, at least: its distance to the truth's value less the truth's bound
+            e_n = max(yardstick_error(forms, t.value, lp, u, norm) - t_bound, 0.0)
             size = norm(t.value)
             b_lp = LOW_PRECISION_K * e_n + LOW_PRECISION_FLOOR_ULPS * u * size
             r_lp = e_t / b_lp if b_lp > 0 else (0.0 if e_t == 0 else float("inf"))

@@ -6,8 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from ..agreement import check_agreement
-from ..arith import RoundedArith
+from ..agreement import LOW_PRECISION_K, check_agreement, naive_forms, yardstick_error
 from ..findings import Finding
 from ..oracle import truth
 from ..precision import unit_roundoff
@@ -15,7 +14,6 @@ from ..strategies import AttentionInputs
 from ..targets import Target
 from .base import guarded, with_counterexample
 
-LOW_PRECISION_K = 2.0  # FlashAttention's tests: error(target) <= 2 * error(plain reference, same dtype)
 LOW_PRECISION_FLOOR_ULPS = 4.0  # the output's own last roundings (numerator, denominator, quotient): 3u|o|
 
 
@@ -39,28 +37,26 @@ def agreement(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding |
     return with_counterexample(f, ex)
 
 
-def naive_reference(target: Target, ex: AttentionInputs, *, causal: bool) -> np.ndarray:
-    """The definition evaluated with every operation rounded to the target's dtype."""
-    ar = RoundedArith(target.dtype)
-    with np.errstate(all="ignore"):
-        ball = target.variant.reference(ex.q, ex.k, ex.v, causal=causal, arith=ar, **target.params, **ex.extras)
-    return ar.to_float64(ball)
-
-
 @guarded("low-precision")
 def low_precision(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding | None:
     """max|T - truth| <= k max|naive - truth| + 4 u max(|truth|, |v|) with k = 2, the naive reference being the
-    definition computed in the same dtype (proofs/low-precision-rule.md). Where the naive reference
-    itself is not finite the rule gives no bound and the Finding says so (agreement still applies)."""
+    definition computed in the same dtype, or the variant's other standard algorithm there where that
+    errs more (``agreement.naive_forms``; proofs/low-precision-rule.md). Where the naive definition itself
+    is not finite the rule gives no bound and the Finding says so (agreement still applies)."""
     t = truth(target.variant, ex.q, ex.k, ex.v, causal=causal, digits=6, **target.params, **ex.extras)
     defined = ~t.undefined
     if not defined.any():
         return None
     out = target(ex.q, ex.k, ex.v, causal=causal, **ex.extras)
-    naive = naive_reference(target, ex, causal=causal)
+    forms = naive_forms(
+        target.variant, ex.q, ex.k, ex.v, causal=causal, dtype=target.dtype, **target.params, **ex.extras
+    )
     err_t = float(np.max(np.where(defined, np.abs(out - t.value), 0.0), initial=0.0))
-    diff_n = np.where(defined, np.abs(naive - t.value), 0.0)
-    err_n = float(np.max(np.where(np.isnan(diff_n), np.inf, diff_n), initial=0.0))
+
+    def largest(diff: np.ndarray) -> float:  # over the defined entries, a NaN counted as inf
+        return float(np.max(np.where(defined, np.where(np.isnan(diff), np.inf, diff), 0.0), initial=0.0))
+
+    err_n = yardstick_error(forms, t.value, defined, unit_roundoff(target.dtype), largest)
     if np.isnan(err_t):
         err_t = float("inf")
     # the scale of the output: |truth|, or |v| where the truth cancels to (near) zero

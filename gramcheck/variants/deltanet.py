@@ -92,6 +92,88 @@ def reference(
     return (out, state) if output_final_state else out
 
 
+YARDSTICK_CHUNK = 64  # fla's BT and the builtin chunked form's default
+
+
+def chunked_reference(
+    ar: Any,
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    causal: bool,
+    beta: Any,
+    g: Any = None,
+    scale: Any,
+    l2norm: bool,
+    l2norm_eps: float,
+    initial_state: Any = None,
+    output_final_state: bool = False,
+) -> Any:
+    """The same output by the chunked WY / UT algorithm (gramcheck.delta_forms, chunks of 64 tokens): per
+    chunk, Delta solves (I + A) Delta = diag(beta) (V - diag(P) K S_0) by forward substitution, with
+    A = strictly_lower(diag(beta) (K K^T * Gamma)), Gamma_ts = prod_{s<r<=t} alpha_r and P_t = prod_{r<=t}
+    alpha_r (products of the decays, as accurate as the recurrence's), then
+    O = (P * Q) S_0 + ((Q K^T) * Gamma) Delta and S_c = P_c S_0 + (Gamma_c * K)^T Delta.
+    Equal to ``reference`` in exact arithmetic; in a low precision it errs more where the chunk's
+    triangular system is ill-conditioned (d_k <= 2: keys +-1), so the low-precision rules take the larger
+    of the two errors as their yardstick (proofs/low-precision-rule.md)."""
+    B, H, N, dk = q.shape
+    dv = v.shape[-1]
+    s = scale_value(ar, scale, dk)
+    if l2norm:
+        q, k = l2_normalise(ar, q, l2norm_eps), l2_normalise(ar, k, l2norm_eps)
+    q = q * s
+    c = YARDSTICK_CHUNK
+    pad = (-N) % c
+    nc = (N + pad) // c
+
+    def chunks(x: Any, tail: tuple[int, ...], fill: float = 0.0) -> Any:
+        if pad:
+            x = ar.concat([x, ar.zeros((B, H, pad, *tail)) + fill], axis=2)
+        return x.reshape(B, H, nc, c, *tail)
+
+    qc, kc, vc = chunks(q, (dk,)), chunks(k, (dk,)), chunks(v, (dv,))
+    bc = chunks(beta, ())  # padding tokens have beta = 0 and alpha = 1: they leave the state unchanged
+    incl = np.tril(np.ones((c, c), dtype=bool))
+    strict = np.tril(np.ones((c, c), dtype=bool), -1)
+    if g is None:
+        gamma, p_in, k_out, carry = None, None, kc, None
+    else:
+        alpha = chunks(ar.exp(g), (), fill=1.0)  # (B, H, nc, c)
+        rows = [ar.concat([alpha[..., :1] * 0.0 + 1.0, ar.zeros((B, H, nc, c - 1))], axis=-1)]
+        for t in range(1, c):  # Gamma[t, s] = Gamma[t - 1, s] alpha_t for s < t, Gamma[t, t] = 1
+            prev = rows[-1][..., :t] * alpha[..., t : t + 1]
+            rows.append(ar.concat([prev, rows[0][..., :1], ar.zeros((B, H, nc, c - 1 - t))], axis=-1))
+        gamma = ar.stack(rows, axis=-2)  # (B, H, nc, c, c)
+        p_in = gamma[..., :, 0] * alpha[..., :1]  # prod_{r <= t} alpha_r
+        k_out = kc * gamma[..., c - 1, :, None]  # decay from s to the chunk's end
+        carry = p_in[..., c - 1]
+    kk = ar.matmul(kc, ar.mT(kc))
+    lower = ar.fill(bc[..., None] * (kk if gamma is None else kk * gamma), strict, 0.0)
+    kd = kc if p_in is None else kc * p_in[..., None]
+    rhs = bc[..., None] * ar.concat([vc, kd], axis=-1)  # diag(beta) [V, P K]
+    sol = [rhs[..., 0, :]]
+    for i in range(1, c):  # forward substitution, row by row
+        done = ar.stack(sol, axis=-2)
+        sol.append(rhs[..., i, :] - ar.matmul(lower[..., i : i + 1, :i], done)[..., 0, :])
+    uw = ar.stack(sol, axis=-2)
+    u, w = uw[..., :dv], uw[..., dv:]
+    qk = ar.matmul(qc, ar.mT(kc))
+    scores = ar.fill(qk if gamma is None else qk * gamma, incl, 0.0)
+    q_in = qc if p_in is None else qc * p_in[..., None]
+    state = ar.zeros((B, H, dk, dv)) if initial_state is None else initial_state
+    outs = []
+    for i in range(nc):
+        delta = u[:, :, i] - ar.matmul(w[:, :, i], state)
+        outs.append(ar.matmul(q_in[:, :, i], state) + ar.matmul(scores[:, :, i], delta))
+        if carry is not None:
+            state = carry[:, :, i, None, None] * state
+        state = state + ar.matmul(ar.mT(k_out[:, :, i]), delta)
+    out = ar.stack(outs, axis=2).reshape(B, H, nc * c, dv)[:, :, :N]
+    return (out, state) if output_final_state else out
+
+
 def torch_forward(
     q: Any,
     k: Any,
@@ -207,6 +289,7 @@ VARIANTS = [
         declares=_TAGS,
         reference_fn=reference,
         enclosure_fn=enclosure,
+        algorithms_fn=(chunked_reference,),
         torch_fn=torch_forward,
         inputs=(BETA,),
         recurrence="delta",
@@ -222,6 +305,7 @@ VARIANTS = [
         declares=_TAGS | {"gated"},
         reference_fn=reference,
         enclosure_fn=enclosure,
+        algorithms_fn=(chunked_reference,),
         torch_fn=torch_forward,
         inputs=(scalar_log_decay("g"), BETA),
         recurrence="delta",

@@ -86,6 +86,8 @@ class Variant:
     jacobian_fn: Callable[..., dict[str, float]] | None = field(default=None, repr=False)
     # a certified float64 evaluation cheaper than ball arithmetic: (value, bound) (``enclosure``)
     enclosure_fn: Callable[..., tuple[Any, Any]] | None = field(default=None, repr=False)
+    # other standard algorithms for the same output, signature of reference_fn (``algorithms``)
+    algorithms_fn: tuple[Callable[..., Any], ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:
         unknown = set(self.declares) - set(TAGS)
@@ -218,17 +220,29 @@ class Variant:
     def reference(self, q: Any, k: Any, v: Any, *, causal: bool = False, arith: Any = F64, **kwargs: Any) -> Any:
         """Evaluate the definition on float64 NumPy inputs in arithmetic ``arith``; returns that
         arithmetic's array (an ndarray for F64 and MP, a Ball for the ball arithmetics)."""
+        return self._run(self.reference_fn, q, k, v, causal, arith, kwargs)
+
+    def algorithms(self, q: Any, k: Any, v: Any, *, causal: bool = False, arith: Any = F64, **kwargs: Any) -> list[Any]:
+        """The same output by each of the variant's other standard algorithms (``algorithms_fn``; equal to
+        the definition in exact arithmetic, e.g. the delta rule's chunked WY / UT solve), in ``arith``, as
+        ``reference`` evaluates the definition; [] for most variants. The low-precision rules take the
+        least accurate of them and the definition, in the dtype, as their yardstick."""
+        return [self._run(fn, q, k, v, causal, arith, kwargs) for fn in self.algorithms_fn]
+
+    def _run(
+        self, fn: Callable[..., Any], q: Any, k: Any, v: Any, causal: bool, arith: Any, kwargs: Mapping[str, Any]
+    ) -> Any:
         params, extras, opts = self._call(q, k, v, causal, kwargs)
         if opts.get("cu_seqlens") is not None:
             from ..packing import run_packed
 
             def one(*a: Any, **kw: Any) -> Any:
-                return self.reference(*a, causal=causal, arith=arith, **kw)
+                return self._run(fn, *a, causal, arith, kw)
 
             cat = lambda xs, axis: arith.concat(xs, axis=axis)  # noqa: E731
             return run_packed(one, q, k, v, opts, {**params, **extras}, concat=cat)
         state = {k: opts[k] for k in ("initial_state", "output_final_state") if k in opts}
-        return _evaluate(self.reference_fn, arith, (q, k, v), params, extras, causal=causal, **state)
+        return _evaluate(fn, arith, (q, k, v), params, extras, causal=causal, **state)
 
     def enclosure(self, q: Any, k: Any, v: Any, *, causal: bool = False, **kwargs: Any) -> tuple[Any, Any] | None:
         """The output on float64 inputs as (value, bound), float64 arrays with |value - exact| <= bound
