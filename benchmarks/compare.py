@@ -7,6 +7,7 @@ kernel printed first. Run from the repository root:
     OMP_NUM_THREADS=1 python benchmarks/compare.py oracle  [--rounds 3]
     python benchmarks/compare.py check [--rounds 2]
     python benchmarks/compare.py variants [--limit 600]   (the ci check of every builtin variant, one process each)
+    OMP_NUM_THREADS=1 python benchmarks/compare.py share [--variants ...]   (where a ci check spends its CPU)
 
 ``memory`` runs every entry in a fresh subprocess and reports the peak resident set size (ru_maxrss)
 above the RSS just before the call (after a warm-up call at N = 64): torch's CPU allocator does not go
@@ -367,12 +368,53 @@ def cmd_variants(args: argparse.Namespace) -> None:
         print(f"| {name} | {mode} | {cpu:.1f} s | {time.perf_counter() - w0:.1f} s | {verdicts} |", flush=True)
 
 
+# where a check spends its CPU: the cumulative time of these functions (over all their calls) in a profile
+SHARE_OF = {
+    "the oracle's truth": ("gramcheck/oracle.py", "truth"),
+    "rounding bounds (model balls)": ("gramcheck/agreement.py", "rounding_bound"),
+    "probabilistic bounds": ("gramcheck/agreement.py", "probabilistic_bound"),
+    "naive definitions in the dtype": ("gramcheck/agreement.py", "naive_forms"),
+    "the target's calls": ("gramcheck/targets.py", "call_torch"),
+    "backward agreement": ("gramcheck/properties/backward.py", "backward_agreement"),
+    "gradcheck": ("gramcheck/properties/gradients.py", "gradcheck"),
+}
+
+
+def cmd_share(args: argparse.Namespace) -> None:
+    """The ci check of each variant in this process under cProfile: each part's cumulative CPU time as a
+    share of the check's (parts overlap: the truth runs inside agreement and backward agreement)."""
+    import cProfile
+    import pstats
+
+    import torch  # imported before profiling: its import is not the check's cost
+
+    from gramcheck import variants as V
+    from gramcheck.api import check
+
+    torch.set_num_threads(1)
+    print("\n### Share of a `ci` check's CPU, cProfile (cumulative over all calls)\n")
+    print("| variant | check CPU | " + " | ".join(SHARE_OF) + " |")
+    print("| --- | --- | " + " | ".join("---" for _ in SHARE_OF) + " |")
+    for name in args.variants or V.names():
+        causal = "causal" in V.get(name).tags()
+        prof = cProfile.Profile(time.process_time)
+        c0 = time.process_time()
+        prof.runcall(check, f"builtin:{name}", causal=causal)
+        total = time.process_time() - c0
+        stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+        cells = []
+        for path, fn in SHARE_OF.values():
+            cum = sum(v[3] for (f, _, n), v in stats.items() if f.endswith(path) and n == fn)
+            cells.append(f"{100 * cum / total:.0f}%")
+        print(f"| {name} | {total:.1f} s | " + " | ".join(cells) + " |", flush=True)
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "_rss":
         _rss(sys.argv[2], int(sys.argv[3]))
         return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["forms", "memory", "oracle", "check", "variants"])
+    ap.add_argument("what", choices=["forms", "memory", "oracle", "check", "variants", "share"])
     ap.add_argument("--n", type=int, nargs="+", default=[1024, 4096, 16384])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--variants", nargs="+", help="variants: the builtin variants to check (default: all)")
@@ -381,7 +423,7 @@ def main() -> None:
     args = ap.parse_args()
     print(environment())
     commands = {"forms": cmd_forms, "memory": cmd_memory, "oracle": cmd_oracle, "check": cmd_check,
-                "variants": cmd_variants}  # fmt: skip
+                "variants": cmd_variants, "share": cmd_share}  # fmt: skip
     commands[args.what](args)
 
 

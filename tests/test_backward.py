@@ -3,6 +3,7 @@ definition's; backwards that drop the scale on dv or a decay factor on dk fail w
 agreement; the definition evaluated in the target's own dtype (the rule's naive reference) measures at
 about 1/2 (the rule is nearly tight for it)."""
 
+import numpy as np
 import pytest
 import torch
 from broken import (
@@ -70,18 +71,33 @@ def test_a_backward_that_raises_is_the_targets_failure():
         assert "backward of" in f.details["error"] and f.counterexample is not None
 
 
-def test_a_floor_as_large_as_the_gradient_judges_nothing():
+def test_a_tensor_the_floor_reaches_is_judged_in_norm():
     """The delta rule's state transitions I - beta k k^T have signed entries: the chain rule's paths over N
     tokens sum to sizes growing exponentially in N (proofs/backward-agreement.md), so from N ~ 32 on the
-    floor (4u + gamma~_n) T exceeds every gradient. Those gradients are not judged: the example does not
-    count, and a domain of such examples is skipped with its reason, never passed. On short sequences the
-    same bug (dk = 0) fails."""
+    floor (4u + gamma~_n) T exceeds every gradient. Those tensors are judged in norm instead, against the
+    yardstick's error in norm and the floor relative to |G*|_F: the builtin passes at N = 96-128 and a
+    backward that drops dk fails there, with the shortest failing prefix named."""
     long = {"min_n": 96, "max_n": 128, "min_d": 16, "max_d": 16, "examples": 3}
+    f = check("builtin:deltanet", causal=True, properties=["backward-agreement"], domain=long).findings[0]
+    assert f.passed and {"dq", "dk", "dv"} <= set(f.details["judged_in_norm"]), f.details
     r = check(deltanet_detached_keys, "deltanet", causal=True, properties=["backward-agreement"], domain=long)
     f = r.findings[0]
-    assert f.verdict == "skipped" and "premise" in f.details["note"], r.summary()
+    assert not f.passed and f.details["entry"] == "dk in norm", r.summary()
+    assert f.measured > 1e3 and "first_failing_token" in f.details, f.details
     r = check(deltanet_detached_keys, "deltanet", causal=True, properties=["backward-agreement"], domain=DOMAIN)
     assert not r.findings[0].passed and r.findings[0].details["entry"].startswith("dk"), r.summary()
+
+
+def test_a_norm_part_names_the_shortest_failing_prefix():
+    """NormPart: |err|_F against its bound, and the first token at which the prefix's errors exceed it."""
+    from gramcheck.properties.state import NormPart
+
+    err = np.zeros((1, 1, 10, 2))
+    err[0, 0, 3] = [0.3, 0.4]  # norm 0.5
+    err[0, 0, 7] = [1.2, 0.0]  # prefix norm 1.3 from token 7 on
+    part = NormPart(err, 1.0)
+    assert part.error == pytest.approx(1.3) and part.first_failing(2) == 7
+    assert NormPart(np.full((2, 2), np.nan), 1.0).error == np.inf
 
 
 def test_a_tensor_the_floor_cannot_judge_is_named_not_passed():
@@ -102,11 +118,19 @@ def test_a_tensor_the_floor_cannot_judge_is_named_not_passed():
 
 def test_gradients_not_judged_on_some_examples_are_named_in_the_finding():
     """The search reports the union of the parts its examples could not judge, not only the reported
-    example's: the delta rule at N = 24-40 passes on what it judges, and names the rest."""
-    dom = {"min_n": 24, "max_n": 40, "min_d": 16, "max_d": 16, "examples": 8}
-    f = check("builtin:deltanet", causal=True, properties=["backward-agreement"], domain=dom).findings[0]
-    assert f.passed and {"dk", "dbeta"} <= set(f.details["unjudged"]), f.details
-    assert "not judged on every example" in f.details["note"]
+    example's (search._State.record, search._coverage)."""
+    from gramcheck.findings import Finding
+    from gramcheck.search import _coverage, _State
+
+    state = _State()
+    worst = Finding("backward-agreement", 0.5, 1.0, details={"unjudged": ["dq"]})
+    state.record(worst)
+    state.record(Finding("backward-agreement", 0.1, 1.0, details={"unjudged": ["dbeta"]}))
+    state.record(Finding("backward-agreement", 0.2, 1.0, details={}))
+    assert state.worst == [worst]
+    _coverage(worst, ("gaussian",), state)
+    assert worst.details["unjudged"] == ["dbeta", "dq"]
+    assert worst.details["note"] == "not judged on every example: dbeta, dq"
 
 
 def test_naive_definition_measures_near_one_half():

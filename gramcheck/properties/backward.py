@@ -33,7 +33,7 @@ from ..strategies import AttentionInputs
 from ..targets import Target
 from .base import guarded
 from .invariants import _rng, _undefined
-from .state import initial_state_of, parts_finding
+from .state import NormPart, initial_state_of, parts_finding
 
 BACKWARD_K = 2.0
 BACKWARD_FLOOR_ULPS = 4.0
@@ -79,25 +79,46 @@ def definition_gradients(
     *,
     causal: bool,
     dtype: str,
+    fn: Any = None,
 ) -> dict[str, np.ndarray]:
-    """Gradients of L = <W, o> (+ <W_S, S_N>) through the variant's definition evaluated in ``dtype``."""
+    """Gradients of L = <W, o> (+ <W_S, S_N>) through the variant's definition (or its other standard
+    algorithm ``fn``, one of ``Variant.algorithms_fn``) evaluated in ``dtype``."""
     torch = _torch()
     ar = TorchDefinition(dtype)
     t = {n: ar.asarray(x).requires_grad_(n in names) for n, x in arrays.items()}
     with torch.enable_grad():
-        res = _run_definition(target, ar, t, causal=causal)
+        res = _run_definition(target, ar, t, causal=causal, fn=fn)
         loss = _loss(res, torch.as_tensor(w), None if ws is None else torch.as_tensor(ws))
         return _grads(loss, {n: t[n] for n in names})
 
 
-def _run_definition(target: Target, ar: Any, t: dict[str, Any], *, causal: bool) -> Any:
-    """The variant's definition in arithmetic ``ar`` on the values ``t`` (q, k, v, extras and, when
-    present, the initial state, whose final state is then returned with the output)."""
+def _run_definition(target: Target, ar: Any, t: dict[str, Any], *, causal: bool, fn: Any = None) -> Any:
+    """The variant's definition (or ``fn``, same signature) in arithmetic ``ar`` on the values ``t`` (q,
+    k, v, extras and, when present, the initial state, whose final state is then returned with the
+    output)."""
     extras = {n: x for n, x in t.items() if n not in ("q", "k", "v", "initial_state")}
     opts: dict[str, Any] = {}
     if "initial_state" in t:
         opts = {"initial_state": t["initial_state"], "output_final_state": True}
-    return target.variant.reference_fn(ar, t["q"], t["k"], t["v"], causal=causal, **target.params, **extras, **opts)
+    fn = target.variant.reference_fn if fn is None else fn
+    return fn(ar, t["q"], t["k"], t["v"], causal=causal, **target.params, **extras, **opts)
+
+
+def _largest(diff: np.ndarray) -> float:
+    return float(np.max(np.where(np.isnan(diff), np.inf, diff), initial=0.0))
+
+
+def _norm(diff: np.ndarray) -> float:
+    return float(np.sqrt(np.sum(np.where(np.isnan(diff), np.inf, diff) ** 2)))
+
+
+def yardstick_error(naive: list[dict[str, np.ndarray]], ref: dict[str, np.ndarray], name: str, size: Any) -> float:
+    """The largest ``size`` of N_x - G*_x over the definition's gradient in the dtype (``naive[0]``; a
+    non-finite entry counts as inf) and each other standard algorithm's that is finite (one that
+    overflows says nothing of rounding), as the forward's yardstick (agreement.yardstick_error)."""
+    first = size(np.abs(naive[0][name] - ref[name]))
+    rest = [size(np.abs(g[name] - ref[name])) for g in naive[1:] if np.all(np.isfinite(g[name]))]
+    return max([first, *rest])
 
 
 def target_gradients(
@@ -194,21 +215,26 @@ def backward_agreement(target: Target, ex: AttentionInputs, *, causal: bool) -> 
     ref = definition_gradients(target, arrays, names, w, ws, causal=causal, dtype="float64")
     if not all(np.all(np.isfinite(g)) for g in ref.values()):
         return None  # the exact gradient is not finite here: outside the domain
-    naive = definition_gradients(target, arrays, names, w, ws, causal=causal, dtype=target.dtype)
+    naive = [
+        definition_gradients(target, arrays, names, w, ws, causal=causal, dtype=target.dtype, fn=fn)
+        for fn in (None, *target.variant.algorithms_fn)
+    ]
     terms = gradient_terms(target, arrays, names, w, ws, causal=causal)
     got = target_gradients(target, arrays, names, w, ws, causal=causal)
+    contracting = "contracting-transitions" in target.variant.tags(target.params)
     length = accumulation_length(ex)
     floor_rel = BACKWARD_FLOOR_ULPS * unit_roundoff(target.dtype) + gamma_tilde(length, ACCUMULATOR)
-    parts, naive_err, scales = {}, {}, {}
+    parts: dict[str, Any] = {}
+    naive_err, scales = {}, {}
     unjudged: list[str] = []
+    in_norm: list[str] = []
     size = {n: float(np.max(np.abs(arrays[n]), initial=0.0)) for n in names}
     # L's sensitivity to a relative change of every input, sum_y max|G*_y| max|y|, over max|x|: the size of
     # x's gradient even where it vanishes by cancellation (dq and dk of a normalised form at N = 1)
     sensitivity = sum(float(np.max(np.abs(ref[n]), initial=0.0)) * size[n] for n in names)
 
     for n in names:
-        diff_n = np.abs(naive[n] - ref[n])
-        e_n = float(np.max(np.where(np.isnan(diff_n), np.inf, diff_n), initial=0.0))
+        e_n = yardstick_error(naive, ref, n, _largest)
         largest = float(np.max(np.abs(ref[n]), initial=0.0))
         natural = sensitivity / size[n] if size[n] > 0 else 0.0
         own_size = largest if largest > CANCELLED * natural else natural  # natural where G*_x cancels to 0
@@ -217,19 +243,36 @@ def backward_agreement(target: Target, ex: AttentionInputs, *, causal: bool) -> 
             scale = np.maximum(scale, log_decay_terms(arrays, ref, n))
         floor = floor_rel * scale
         naive_err[f"d{n}"], scales[f"d{n}"] = e_n, float(np.max(scale))
-        if float(np.max(floor)) >= own_size:
-            unjudged.append(f"d{n}")  # the floor alone admits an error as large as the gradient itself
-            continue
         err = np.abs(got[n] - ref[n])
-        parts[f"d{n}"] = (np.where(np.isnan(err), np.inf, err), BACKWARD_K * e_n + floor)
+        if float(np.max(floor)) < own_size:
+            parts[f"d{n}"] = (np.where(np.isnan(err), np.inf, err), BACKWARD_K * e_n + floor)
+            continue
+        # the floor alone admits an error as large as the gradient. Through contracting transitions T is
+        # the size of an expansion no backward forms, and roundings stay relative to the values: judge the
+        # tensor in norm, with the floor relative to the larger of its own norm and its natural size (the
+        # rounding of larger intermediates reaches a small gradient). Elsewhere (normalisations that
+        # cancel) the roundings follow the terms: not judged.
+        own_norm = _norm(ref[n]) if largest > CANCELLED * natural and contracting else 0.0
+        scale_norm = max(own_norm, natural * float(np.sqrt(ref[n].size)))
+        bound = BACKWARD_K * yardstick_error(naive, ref, n, _norm) + floor_rel * scale_norm
+        if bound >= own_norm:
+            unjudged.append(f"d{n}")
+            continue
+        in_norm.append(f"d{n}")
+        parts[f"d{n}"] = NormPart(err, bound)
     if not parts:
         return None  # no gradient of this input can be judged: not an example of the property
     token_axis = {f"d{n}": 2 for n in names if n not in ("initial_state",) and np.ndim(arrays[n]) >= 3}
     details: dict[str, Any] = {"naive_errors": naive_err, "gradient_scales": scales, "k": BACKWARD_K}
     details["floor"] = {"relative": floor_rel, "accumulation_length": length}
     details["gradients"] = [f"d{n}" for n in names]
+    notes = []
+    if in_norm:
+        details["judged_in_norm"] = in_norm
+        notes.append(f"judged in norm (the floor {floor_rel:.2g} T reaches entries): {', '.join(in_norm)}")
     if unjudged:
         details["unjudged"] = unjudged
-        reason = f"the floor {floor_rel:.2g} T reaches the gradient's own size"
-        details["note"] = f"not judged ({reason}): {', '.join(unjudged)}"
+        notes.append(f"not judged (the floor reaches the gradient's own size, also in norm): {', '.join(unjudged)}")
+    if notes:
+        details["note"] = "; ".join(notes)
     return parts_finding("backward-agreement", ex, parts, token_axis=token_axis, **details)

@@ -14,6 +14,8 @@ coefficients: decays and |q|).
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -107,20 +109,51 @@ def _segment(ex: AttentionInputs, a: int, b: int) -> AttentionInputs:
     return replace(ex, q=ex.q[:, :, a:b], k=ex.k[:, :, a:b], v=ex.v[:, :, a:b], extras=extras)
 
 
+@dataclass(frozen=True)
+class NormPart:
+    """A part judged as a whole: ||err||_F <= bound, ``err`` the entrywise errors (NaN: inf)."""
+
+    err: np.ndarray
+    bound: float
+
+    @property
+    def error(self) -> float:
+        e = np.where(np.isnan(self.err), np.inf, self.err)
+        return float(np.sqrt(np.sum(e**2)))
+
+    def first_failing(self, axis: int) -> int:
+        """The shortest prefix along ``axis`` whose errors already exceed the bound in norm."""
+        e = np.where(np.isnan(self.err), np.inf, self.err)
+        per = np.sum(np.moveaxis(e, axis, -1).reshape(-1, e.shape[axis]) ** 2, axis=0)
+        return int(np.flatnonzero(np.sqrt(np.cumsum(per)) > self.bound)[0])
+
+
 def parts_finding(
     name: str,
     ex: AttentionInputs,
-    parts: dict[str, tuple[np.ndarray, np.ndarray]],
+    parts: dict[str, tuple[np.ndarray, np.ndarray] | NormPart],
     *,
     token_axis: dict[str, int] | None = None,
     **details: Any,
 ) -> Finding:
-    """measured = max over named parts of err / bound (NaN error: inf); details name the worst entry
-    ('part[i,j,...]'), its error and bound, the shape, and for parts with a token axis the first failing
-    token and its position in each stressed chunk size."""
+    """measured = max over named parts of err / bound (NaN error: inf), or of ||err|| / bound for a
+    ``NormPart``; details name the worst entry ('part[i,j,...]', or the part judged in norm), its error
+    and bound, the shape, and for parts with a token axis the first failing token (for a part in norm,
+    the end of the shortest failing prefix) and its position in each stressed chunk size."""
     worst_name, worst_idx, worst_r = "", (), -1.0
     firsts: dict[str, int] = {}
-    for part, (err, bound) in parts.items():
+    for part, value in parts.items():
+        axis = (token_axis or {}).get(part)
+        if isinstance(value, NormPart):
+            e = value.error
+            r_part = 0.0 if e == 0 else (e / value.bound if value.bound > 0 else math.inf)
+            if r_part > worst_r:
+                worst_name, worst_idx, worst_r = f"{part} in norm", (), r_part
+                details["worst_error"], details["worst_bound"] = e, float(value.bound)
+            if axis is not None and r_part > 1:
+                firsts[part] = value.first_failing(axis)
+            continue
+        err, bound = value
         err = np.asarray(err, dtype=np.float64)
         bound = np.broadcast_to(np.asarray(bound, dtype=np.float64), err.shape)
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -133,13 +166,12 @@ def parts_finding(
             worst_name, worst_idx, worst_r = part, i, float(r[i])
             details["worst_error"] = float(err[i])
             details["worst_bound"] = float(bound[i])
-        axis = (token_axis or {}).get(part)
         if axis is not None and np.any(r > 1):
             bad = np.any(np.moveaxis(r > 1, axis, -1).reshape(-1, r.shape[axis]), axis=0)
             firsts[part] = int(np.flatnonzero(bad)[0])
     measured = max(worst_r, 0.0)
     passed = measured <= 1.0
-    details["entry"] = f"{worst_name}[{','.join(str(int(j)) for j in worst_idx)}]"
+    details["entry"] = f"{worst_name}[{','.join(str(int(j)) for j in worst_idx)}]" if worst_idx else worst_name
     details["shape"] = [int(x) for x in ex.q.shape] + [int(ex.v.shape[-1])]
     if firsts:
         t = min(firsts.values())

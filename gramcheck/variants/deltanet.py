@@ -271,7 +271,7 @@ BETA = InputSpec(
     "beta", ("B", "H", "N"), draw_beta, BETA_REGIMES, "uniform", low=0.0, summary="write strengths >= 0",
     on_request=("expansive",),
 )
-_TAGS = frozenset({"causal", "causal-only", "linear-in-v", "state-passing"})
+_TAGS = frozenset({"causal", "causal-only", "linear-in-v", "state-passing", "contracting-transitions"})
 
 
 def l2norm_tags(params: Mapping[str, Any]) -> frozenset[str]:

@@ -38,6 +38,8 @@ TAGS = (
     "row-normalisation",  # positive random-feature kernel estimates: row-normalisation error bound
     "unnormalised-growth",  # no denominator: |o_i| grows at most linearly with the number of keys
     "state-passing",  # recurrent state S (B, H, d_k, d_v): takes initial_state, returns (out, final_state)
+    "contracting-transitions",  # state transitions are contractions with signed entries (I - beta k k^T):
+    #                             they damp roundings while the chain rule's term sizes grow exponentially
 )
 RECURRENCES = (
     "none",  # no recurrent state (softmax, blocked softmax)
