@@ -87,3 +87,17 @@ def test_mpmath_reference_agrees_with_float64_on_well_conditioned_input():
             np.testing.assert_array_equal(np.isfinite(f64), defined)
             assert np.all(np.abs(f64 - mp)[defined] <= rad[defined]), var.name
             assert np.all(rad[defined] <= 1e-10 * (np.abs(mp[defined]) + 1)), var.name  # float64 suffices
+
+
+@pytest.mark.parametrize("name", [v.name for v in V.list() if v.algorithms_fn])
+@pytest.mark.parametrize("n", [5, 64, 130])
+def test_the_variants_other_algorithms_are_the_definition(name, n):
+    """Variant.algorithms (the low-precision rules' second yardstick, proofs/low-precision-rule.md): each
+    equals the definition in float64 in every mode, over less than one chunk of 64 tokens, exactly one,
+    and two with a padded third."""
+    var = V.get(name)
+    for causal in causal_modes(var):
+        q, k, v, ex = make_inputs(var, N=n, d=4, seed=n)
+        ref = var.reference(q, k, v, causal=causal, **ex)
+        for out in var.algorithms(q, k, v, causal=causal, **ex):
+            assert np.max(np.abs(out - ref)) < 1e-13 * np.max(np.abs(ref)), (name, causal)

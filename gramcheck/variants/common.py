@@ -54,6 +54,55 @@ def gated_recurrence(
     return (out, state) if output_final_state else out
 
 
+def chunk_decays(ar: Any, alpha: Any) -> tuple[Any, Any]:
+    """Scalar decays alpha (B, H, n_chunks, c) -> (Gamma, P): Gamma_ts = prod_{s<r<=t} alpha_r for s <= t
+    and 0 above (B, H, n_chunks, c, c), P_t = prod_{r<=t} alpha_r (B, H, n_chunks, c). Products of the
+    decays, row by row, so that they are as accurate as a recurrence's (no cumulative sum of logs)."""
+    B, H, nc, c = alpha.shape
+    first = ar.concat([alpha[..., :1] * 0.0 + 1.0, ar.zeros((B, H, nc, c - 1))], axis=-1)
+    rows = [first]
+    for t in range(1, c):  # Gamma[t, s] = Gamma[t - 1, s] alpha_t for s < t, Gamma[t, t] = 1
+        decayed = rows[-1][..., :t] * alpha[..., t : t + 1]
+        rows.append(ar.concat([decayed, first[..., :1], first[..., t + 1 :]], axis=-1))
+    gamma = ar.stack(rows, axis=-2)
+    return gamma, gamma[..., :, 0] * alpha[..., :1]
+
+
+def to_chunks(ar: Any, x: Any, c: int, fill: float = 0.0) -> Any:
+    """(B, H, N, ...) -> (B, H, n_chunks, c, ...), the last chunk padded with ``fill``."""
+    B, H, N = x.shape[:3]
+    tail = tuple(x.shape[3:])
+    pad = (-N) % c
+    if pad:
+        x = ar.concat([x, ar.zeros((B, H, pad, *tail)) + fill], axis=2)
+    return x.reshape(B, H, (N + pad) // c, c, *tail)
+
+
+def chunked_gated_recurrence(ar: Any, q: Any, k: Any, v: Any, alpha: Any = None, chunk: int = 64) -> Any:
+    """The output of ``gated_recurrence`` with scalar decays alpha (B, H, N, 1) or None, by chunks of
+    ``chunk`` tokens (the production algorithm of linear attention): per chunk, with incoming state S,
+    O = (P * Q) S + ((Q K^T) * Gamma) V and S <- P_c S + (Gamma_c * K)^T V (``chunk_decays``)."""
+    B, H, N, dk = q.shape
+    dv = v.shape[-1]
+    qc, kc, vc = (to_chunks(ar, x, chunk) for x in (q, k, v))
+    incl = np.tril(np.ones((chunk, chunk), dtype=bool))
+    qk = ar.matmul(qc, ar.mT(kc))
+    if alpha is None:
+        scores, q_in, k_out, carry = ar.fill(qk, incl, 0.0), qc, kc, None
+    else:
+        gamma, p_in = chunk_decays(ar, to_chunks(ar, alpha[..., 0], chunk, fill=1.0))
+        scores = ar.fill(qk * gamma, incl, 0.0)
+        q_in, k_out, carry = qc * p_in[..., None], kc * gamma[..., chunk - 1, :, None], p_in[..., chunk - 1]
+    state = ar.zeros((B, H, dk, dv))
+    outs = []
+    for i in range(qc.shape[2]):
+        outs.append(ar.matmul(q_in[:, :, i], state) + ar.matmul(scores[:, :, i], vc[:, :, i]))
+        if carry is not None:
+            state = carry[:, :, i, None, None] * state
+        state = state + ar.matmul(ar.mT(k_out[:, :, i]), vc[:, :, i])
+    return ar.stack(outs, axis=2).reshape(B, H, qc.shape[2] * chunk, dv)[:, :, :N]
+
+
 def ref_normalised_gated(ar: Any, fq: Any, fk: Any, v: Any, g: Any, *, eps: float = 0.0) -> Any:
     """Causal o_t = sum_{s<=t} w_ts v_s / (sum_{s<=t} w_ts + eps) with w_ts = phi(q_t).phi(k_s) e^{b_t - b_s},
     b the cumulative log-decays g: the normalised gated recurrence over [V, 1]."""

@@ -44,6 +44,7 @@ from ..delta_enclosure import enclosure
 from ..delta_forms import delta_rule
 from ..hyperparams import scale_value
 from ..inputs import InputSpec, scalar_log_decay
+from .common import chunk_decays, to_chunks
 from .spec import Variant
 
 BETA_REGIMES = ("uniform", "sigmoid", "edge")
@@ -125,28 +126,15 @@ def chunked_reference(
         q, k = l2_normalise(ar, q, l2norm_eps), l2_normalise(ar, k, l2norm_eps)
     q = q * s
     c = YARDSTICK_CHUNK
-    pad = (-N) % c
-    nc = (N + pad) // c
-
-    def chunks(x: Any, tail: tuple[int, ...], fill: float = 0.0) -> Any:
-        if pad:
-            x = ar.concat([x, ar.zeros((B, H, pad, *tail)) + fill], axis=2)
-        return x.reshape(B, H, nc, c, *tail)
-
-    qc, kc, vc = chunks(q, (dk,)), chunks(k, (dk,)), chunks(v, (dv,))
-    bc = chunks(beta, ())  # padding tokens have beta = 0 and alpha = 1: they leave the state unchanged
+    qc, kc, vc = (to_chunks(ar, x, c) for x in (q, k, v))
+    bc = to_chunks(ar, beta, c)  # padding tokens have beta = 0 and alpha = 1: they leave the state unchanged
+    nc = qc.shape[2]
     incl = np.tril(np.ones((c, c), dtype=bool))
     strict = np.tril(np.ones((c, c), dtype=bool), -1)
     if g is None:
         gamma, p_in, k_out, carry = None, None, kc, None
     else:
-        alpha = chunks(ar.exp(g), (), fill=1.0)  # (B, H, nc, c)
-        rows = [ar.concat([alpha[..., :1] * 0.0 + 1.0, ar.zeros((B, H, nc, c - 1))], axis=-1)]
-        for t in range(1, c):  # Gamma[t, s] = Gamma[t - 1, s] alpha_t for s < t, Gamma[t, t] = 1
-            prev = rows[-1][..., :t] * alpha[..., t : t + 1]
-            rows.append(ar.concat([prev, rows[0][..., :1], ar.zeros((B, H, nc, c - 1 - t))], axis=-1))
-        gamma = ar.stack(rows, axis=-2)  # (B, H, nc, c, c)
-        p_in = gamma[..., :, 0] * alpha[..., :1]  # prod_{r <= t} alpha_r
+        gamma, p_in = chunk_decays(ar, to_chunks(ar, ar.exp(g), c, fill=1.0))
         k_out = kc * gamma[..., c - 1, :, None]  # decay from s to the chunk's end
         carry = p_in[..., c - 1]
     kk = ar.matmul(kc, ar.mT(kc))

@@ -12,10 +12,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
 from ..featuremaps import favor, favor_causal
 from ..inputs import projection as projection_input
 from ..torch_arith import TORCH
-from .common import ref_normalised, ref_normalised_gated, torch_normalised
+from .common import chunked_gated_recurrence, ref_normalised, ref_normalised_gated, torch_normalised
 from .linear import LINEAR_FORMS
 from .spec import Variant
 
@@ -45,6 +47,24 @@ def reference(ar: Any, q: Any, k: Any, v: Any, *, causal: bool, projection: Any,
         return ref_normalised_gated(ar, fq, fk, v, g)
     fq, fk = _features(ar, q, k, projection, p)
     return ref_normalised(ar, fq, fk, v, causal=causal, eps=eps)
+
+
+def linear_form(ar: Any, q: Any, k: Any, v: Any, *, causal: bool, projection: Any, eps: float, **p: Any) -> Any:
+    """The same output by the linear form, the production algorithm of FAVOR+: phi(Q) (phi(K)^T [V, 1]),
+    causal by chunks of 64 tokens (``common.chunked_gated_recurrence``, with the running-maximum decays
+    where the reference uses them). Equal to ``reference`` in exact arithmetic; with trigonometric
+    features its signed terms cancel in another order than the quadratic form's, so the low-precision
+    rules take the larger of the two errors as their yardstick (proofs/low-precision-rule.md)."""
+    alpha = None
+    if causal and prefix_stabilised(p, eps):
+        fq, fk, g = favor_causal(ar, q, k, projection, kind=p["kind"], scale=p["scale"])
+        alpha = ar.exp(g)
+    else:
+        fq, fk = _features(ar, q, k, projection, p)
+    dv = v.shape[-1]
+    va = ar.concat([v, ar.asarray(np.ones(v.shape[:-1] + (1,)))], axis=-1)
+    out = chunked_gated_recurrence(ar, fq, fk, va, alpha) if causal else ar.matmul(fq, ar.matmul(ar.mT(fk), va))
+    return ar.div(out[..., :dv], out[..., dv:] + eps)
 
 
 def features(ar: Any, q: Any, k: Any, *, projection: Any, eps: float, **p: Any) -> tuple[Any, Any]:
@@ -96,6 +116,7 @@ def _variant(kind: str, summary: str) -> Variant:
             {"causal", "permutation-equivariant", "random-features", "denominator", "causal-rounding", "linear-in-v"}
         ),
         reference_fn=reference,
+        algorithms_fn=(linear_form,),
         torch_fn=torch_forward,
         inputs=(projection_input(),),
         features_fn=features,
