@@ -100,3 +100,21 @@ def test_state_of_the_wrong_shape_or_type_is_a_target_failure():
     t2 = Target(no_pair, "gla")
     f2 = P.get("state-split").fn(t2, AttentionInputs(q, k, q, {"g": g}, dtype="float32"), causal=True)
     assert not f2.passed and f2.details["failure"] == "wrong-type"
+
+
+@pytest.mark.parametrize("name", ["linear-unnormalised", "retnet"])
+def test_a_state_larger_than_its_updates_is_rounded_every_token(name, monkeypatch):
+    """A recurrent form adds every token's update to a state far larger than the update, rounding at the
+    state's size each time; the definition with a state is that recurrence, so its rounding model charges
+    those roundings (a quadratic S_0 + K^T V rounds once at |S|, and the builtin recurrent forms measured
+    1.04-3.5 against it: proofs/state-passing.md)."""
+    import gramcheck.properties.state as S
+
+    rng = np.random.default_rng(3)
+    # eight heads: RetNet's slowest head keeps gamma = 1 - 2^-12, so S_0 stays large to the end
+    q, k, v = (np.float32(rng.standard_normal((1, 8, 64, 8))).astype(np.float64) for _ in range(3))
+    big = np.float32(rng.standard_normal((1, 8, 8, 8)) * 1e4).astype(np.float64)  # 1e4 times the updates
+    monkeypatch.setattr(S, "initial_state_of", lambda *a, **kw: big)
+    target = builtin(name, dtype="float32", form="recurrent")
+    f = P.get("state-agreement").fn(target, AttentionInputs(q, k, v, {}, dtype="float32"), causal=True)
+    assert f.passed and f.measured > 0.05, f

@@ -18,7 +18,7 @@ from typing import Any
 from ..featuremaps import elementwise
 from ..forms import linear_recurrence
 from ..torch_arith import TORCH
-from .common import attention_matrix, kernel_matrix, ref_normalised, torch_normalised
+from .common import attention_matrix, gated_recurrence, kernel_matrix, ref_normalised, torch_normalised
 from .spec import Variant
 
 LINEAR_FORMS = ("chunked", "recurrent", "parallel")
@@ -48,10 +48,15 @@ def reference_unnormalised(
     initial_state: Any = None,
     output_final_state: bool = False,
 ) -> Any:
-    """A V / c; causal from a state S_0: o_t += phi(q_t)^T S_0 / c and S_N = S_0 + sum_s phi(k_s) v_s^T
-    (the state without the divisor)."""
+    """A V / c. Causal from a state S_0, or returning the state: the recurrence S_t = S_{t-1} + phi(k_t)
+    v_t^T, o_t = phi(q_t)^T S_t / c, S_N (without the divisor), so that the rounding model charges the
+    state's roundings at its own size every token, as every form that carries a state does (a quadratic
+    S_0 + K^T V rounds once at |S|: proofs/state-passing.md)."""
     phi = elementwise(feature)
     fq, fk = phi(ar, q), phi(ar, k)
+    if causal and (initial_state is not None or output_final_state):
+        out, final = gated_recurrence(ar, fq, fk, v, None, initial_state, output_final_state=True)
+        return (out / divisor, final) if output_final_state else out / divisor
     out = ar.matmul(kernel_matrix(ar, fq, fk, causal), v)
     if initial_state is not None:
         out = out + ar.matmul(fq, initial_state)

@@ -18,7 +18,7 @@ import numpy as np
 from ..forms import linear_recurrence
 from ..hyperparams import scale_value
 from ..torch_arith import TORCH
-from .common import causal_keep, standardise
+from .common import causal_keep, gated_recurrence, standardise
 from .spec import Variant
 
 
@@ -50,10 +50,19 @@ def reference(
     initial_state: Any = None,
     output_final_state: bool = False,
 ) -> Any:
-    """The parallel definition; from a state S_0 (0-indexed t): o_t += s q_t^T gamma^{t+1} S_0 and
-    S_N = gamma^N S_0 + sum_m gamma^{N-1-m} k_m v_m^T (the state before GroupNorm and without s)."""
+    """The parallel definition. From a state S_0, or returning the state: the recurrence S_t = gamma_h
+    S_{t-1} + k_t v_t^T, o_t = s q_t^T S_t (so o_t gains s q_t^T gamma^{t+1} S_0 and S_N = gamma^N S_0 +
+    sum_m gamma^{N-1-m} k_m v_m^T: the state before GroupNorm and without s), which the rounding model
+    charges at the state's own size every token, as every form that carries a state rounds it
+    (proofs/state-passing.md)."""
     B, H, N, dk = q.shape
     s = scale_value(ar, scale, dk)
+    if causal and (initial_state is not None or output_final_state):
+        alpha = ar.asarray(np.broadcast_to(head_gammas(H, gamma)[None, :, None, None], (B, H, N, 1)))
+        out, final = gated_recurrence(ar, q * s, k, v, alpha, initial_state, output_final_state=True)
+        if group_norm:
+            out = standardise(ar, out, norm_eps)
+        return (out, final) if output_final_state else out
     lags = np.arange(N)[:, None] - np.arange(N)[None, :]
     keep = causal_keep(N)
     log_gamma = ar.log(ar.asarray(head_gammas(H, gamma)))[:, None, None]  # (H, 1, 1)
