@@ -377,8 +377,11 @@ class BallArith(Arith):
         return self.b.to_float64(x.mid)
 
     def radius(self, x: Ball) -> np.ndarray:
-        """Radius as float64 rounded up (``float_up``), and by one more part in 2^52."""
-        return float_up(x.rad) * (1.0 + 2.0**-52)
+        """Radius as float64 rounded up (``float_up``), and by one more part in 2^52. A NaN radius (an
+        unbounded radius times an exact zero, e.g. a vacuous softmax row against the zeros of V = I) is
+        unknown: inf, never small."""
+        r = float_up(x.rad) * (1.0 + 2.0**-52)
+        return np.where(np.isnan(r), np.inf, r)
 
     def mid(self, x: Any) -> Any:
         return x.mid if isinstance(x, Ball) else x

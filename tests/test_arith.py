@@ -79,3 +79,24 @@ def test_rounding_model_uses_the_dtype_unit_roundoff():
 def test_mp_requires_at_least_53_bits():
     with pytest.raises(ValueError, match="prec"):
         MP(40)
+
+
+def test_an_unbounded_radius_against_an_exact_zero_is_unknown_not_nan():
+    """inf * 0 in a radius product (a vacuous row of a softmax against the zeros of V = I) is NaN in
+    float64; the radius reads it as inf (unknown), never as a number a tolerance could be compared with.
+    The bfloat16 softmax's rows-sum-to-one then counts the row as uncertifiable instead of failing it."""
+    from gramcheck import properties as P
+    from gramcheck.arith import Ball
+    from gramcheck.precision import round_to
+    from gramcheck.strategies import AttentionInputs
+    from gramcheck.targets import builtin
+
+    m = rounding_model("bfloat16")
+    a = Ball(m, np.array([[1.0, 2.0]]), np.array([[np.inf, 0.0]]))
+    r = m.radius(m.matmul(a, np.array([[0.0], [1.0]])))
+    assert np.all(np.isinf(r)) and not np.any(np.isnan(r))
+    rng = np.random.default_rng(0)  # N = 2, d = 31: the bfloat16 model's logits radius reaches 0.7
+    q, k, v = (round_to(rng.standard_normal((1, 1, 2, 31)), "bfloat16") for _ in range(3))
+    ex = AttentionInputs(q, k, v, {}, "gaussian", "bfloat16")
+    f = P.get("rows-sum-to-one").fn(builtin("softmax", dtype="bfloat16"), ex, causal=False)
+    assert f.passed and f.details["uncertifiable_entries"] >= 1, f

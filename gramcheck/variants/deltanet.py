@@ -55,6 +55,13 @@ def l2_normalise(ar: Any, x: Any, eps: float) -> Any:
     return x / ar.sqrt(ar.sum(x * x, axis=-1, keepdims=True) + eps)
 
 
+def queries_and_keys(ar: Any, q: Any, k: Any, scale: Any, l2norm: bool, l2norm_eps: float) -> tuple[Any, Any]:
+    """(s q, k), both l2-normalised first when ``l2norm``: what the recurrence reads."""
+    if l2norm:
+        q, k = l2_normalise(ar, q, l2norm_eps), l2_normalise(ar, k, l2norm_eps)
+    return q * scale_value(ar, scale, q.shape[-1]), k
+
+
 def reference(
     ar: Any,
     q: Any,
@@ -75,10 +82,7 @@ def reference(
     without the d_k x d_k matrix), o_t = S_t^T (s q_t). q, k (B, H, N, d_k), v (B, H, N, d_v),
     beta, g (B, H, N); returns o (B, H, N, d_v), or (o, S_N) when ``output_final_state``."""
     B, H, N, dk = q.shape
-    s = scale_value(ar, scale, dk)
-    if l2norm:
-        q, k = l2_normalise(ar, q, l2norm_eps), l2_normalise(ar, k, l2norm_eps)
-    q = q * s
+    q, k = queries_and_keys(ar, q, k, scale, l2norm, l2norm_eps)
     state = ar.zeros((B, H, dk, v.shape[-1])) if initial_state is None else initial_state
     alpha = None if g is None else ar.exp(g)
     outs = []
@@ -121,10 +125,7 @@ def chunked_reference(
     of the two errors as their yardstick (proofs/low-precision-rule.md)."""
     B, H, N, dk = q.shape
     dv = v.shape[-1]
-    s = scale_value(ar, scale, dk)
-    if l2norm:
-        q, k = l2_normalise(ar, q, l2norm_eps), l2_normalise(ar, k, l2norm_eps)
-    q = q * s
+    q, k = queries_and_keys(ar, q, k, scale, l2norm, l2norm_eps)
     c = YARDSTICK_CHUNK
     qc, kc, vc = (to_chunks(ar, x, c) for x in (q, k, v))
     bc = to_chunks(ar, beta, c)  # padding tokens have beta = 0 and alpha = 1: they leave the state unchanged
@@ -186,11 +187,9 @@ def torch_forward(
 
     dtype = q.dtype
     acc = torch.promote_types(dtype, torch.float32)
-    qa, ka = q.to(acc), k.to(acc)
-    if l2norm:
-        qa, ka = l2_normalise(TORCH, qa, l2norm_eps), l2_normalise(TORCH, ka, l2norm_eps)
+    qa, ka = queries_and_keys(TORCH, q.to(acc), k.to(acc), scale, l2norm, l2norm_eps)
     res = delta_rule(
-        qa * scale_value(TORCH, scale, q.shape[-1]),
+        qa,
         ka,
         v,
         beta,
