@@ -215,6 +215,21 @@ def retnet_without_backward(q, k, v, *, causal):
     return _with_backward(forward, corrupt)(q, k, v)
 
 
+def retnet_nan_backward(q, k, v, *, causal):
+    """RetNet whose backward returns NaN in dq's first entry (an uninitialised accumulator), where every
+    gradient of the definition is finite."""
+
+    def forward(q, k, v):
+        return V.get("retnet").torch(q, k, v, causal=True, form="chunked", chunk_size=16)
+
+    def corrupt(grads, inputs):
+        grads[0] = grads[0].clone()
+        grads[0].view(-1)[0] = float("nan")
+        return tuple(grads)
+
+    return _with_backward(forward, corrupt)(q, k, v)
+
+
 def gla_dk_missing_decay(q, k, v, *, causal, g):
     """GLA whose backward drops a decay factor in dk: dk_s / alpha_s, as when the decay to token s is read
     cumulated through s - 1 instead of s."""

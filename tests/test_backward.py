@@ -13,6 +13,7 @@ from broken import (
     qknorm_performer_detached_queries,
     qknorm_softmax_detached_norm,
     retnet_dv_missing_scale,
+    retnet_nan_backward,
     retnet_without_backward,
 )
 
@@ -181,3 +182,14 @@ def test_gated_forms_backward_is_finite_under_strong_decays(form):
     assert all(bool(torch.isfinite(x).all()) for x in grads), [
         n for n, x in zip("qkvg", grads, strict=True) if not x.isfinite().all()
     ]
+
+
+def test_gradients_the_dtype_cannot_hold_in_the_definition_either_are_not_the_targets_failure():
+    """finite-gradients: FAVOR+ on large-magnitude inputs (N = 2, |q|, |k| ~ 60) has a finite float32
+    output whose gradients overflow, in the definition evaluated in float32 as in the builtin (70 entries
+    of each): the dtype's range, counted in shared_with_definition, not a failure. A backward that returns
+    NaN where the definition's gradients are finite still fails."""
+    f = check("builtin:performer-positive", seed=2, properties=["finite-gradients"]).findings[0]
+    assert f.passed, f
+    r = check(retnet_nan_backward, "retnet", causal=True, properties=["finite-gradients"], domain=DOMAIN)
+    assert not r.findings[0].passed and r.findings[0].details["shared_with_definition"]["q"] == 0, r.summary()

@@ -93,7 +93,10 @@ def gradcheck(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding |
 @guarded("finite-gradients")
 def finite_gradients(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding | None:
     """Where the output is finite, the gradients of <o, w> (w fixed, seeded) with respect to q, k, v
-    are finite in the target's dtype."""
+    are finite in the target's dtype, wherever the definition's own gradients in that dtype are: a
+    gradient that is not finite in the definition evaluated in the dtype too is the dtype's range
+    exhausted, not the target's failure (FAVOR+ features underflowing to a denominator whose square
+    overflows), and is counted in ``shared_with_definition``."""
     torch = _torch()
     if _undefined(target, ex, causal):
         return None
@@ -104,9 +107,21 @@ def finite_gradients(target: Target, ex: AttentionInputs, *, causal: bool) -> Fi
         return None  # a non-finite forward is agreement's finding, not this one's
     w = torch.as_tensor(_rng(ex, "w").standard_normal(o.shape)).to(dtype=o.dtype, device=o.device)
     grads = target.gradients((o * w).sum(), (q, k, v))
-    bad = {n: int((~torch.isfinite(g)).sum()) for n, g in zip("qkv", grads, strict=True) if g is not None}
-    total = sum(bad.values())
-    return with_counterexample(Finding("finite-gradients", float(total), 0.0, details={"nonfinite_entries": bad}), ex)
+    used = {n: g for n, g in zip("qkv", grads, strict=True) if g is not None}
+    nonfinite = {n: ~np.isfinite(g.detach().cpu().double().numpy()) for n, g in used.items()}
+    details: dict[str, Any] = {}
+    if any(x.any() for x in nonfinite.values()):
+        from .backward import definition_gradients
+
+        arrays = {"q": ex.q, "k": ex.k, "v": ex.v, **ex.extras}
+        w64 = w.detach().cpu().double().numpy()
+        ref = definition_gradients(target, arrays, list(nonfinite), w64, None, causal=causal, dtype=target.dtype)
+        shared = {n: x & ~np.isfinite(ref[n]) for n, x in nonfinite.items()}
+        details["shared_with_definition"] = {n: int(x.sum()) for n, x in shared.items()}
+        nonfinite = {n: x & ~shared[n] for n, x in nonfinite.items()}
+    bad = {n: int(x.sum()) for n, x in nonfinite.items()}
+    details["nonfinite_entries"] = bad
+    return with_counterexample(Finding("finite-gradients", float(sum(bad.values())), 0.0, details=details), ex)
 
 
 EXACT_JACOBIAN_SIZE = 512
