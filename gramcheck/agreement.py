@@ -90,16 +90,14 @@ def naive_forms(variant: Any, q: Any, k: Any, v: Any, *, causal: bool, dtype: An
     variant (``Variant.algorithms``), evaluated with every operation rounded to ``dtype``, each with its
     wide-range twin."""
     var = _variants.get(variant)
-    definition = (naive_definition(var, q, k, v, causal=causal, dtype=dtype, wide_range=w, **kwargs) for w in (0, 1))
-    forms = [Naive(*definition)]
-    if var.algorithms_fn:
-        pairs = []
-        for wide in (False, True):
-            ar = RoundedArith(dtype, wide_range=wide)
-            with np.errstate(all="ignore"):
-                pairs.append([ar.to_float64(x) for x in var.algorithms(q, k, v, causal=causal, arith=ar, **kwargs)])
-        forms += [Naive(a, b) for a, b in zip(*pairs, strict=True)]
-    return forms
+    rounded = []
+    for wide in (False, True):
+        ar = RoundedArith(dtype, wide_range=wide)
+        with np.errstate(all="ignore"):
+            outs = [var.reference(q, k, v, causal=causal, arith=ar, **kwargs)]
+            outs += var.algorithms(q, k, v, causal=causal, arith=ar, **kwargs)
+        rounded.append([ar.to_float64(x) for x in outs])
+    return [Naive(a, b) for a, b in zip(*rounded, strict=True)]
 
 
 @dataclass(frozen=True)
@@ -167,9 +165,10 @@ def check_agreement(
     already be representable in dtype."""
     out = np.asarray(output, dtype=np.float64)
     u = unit_roundoff(dtype)
+    var = _variants.get(variant)
     with np.errstate(all="ignore"):
-        bound = rounding_bound(variant, q, k, v, causal=causal, dtype=dtype, **kwargs)
-        approx = np.asarray(_variants.get(variant).reference(q, k, v, causal=causal, **kwargs), dtype=np.float64)
+        bound = rounding_bound(var, q, k, v, causal=causal, dtype=dtype, **kwargs)
+        approx = np.asarray(var.reference(q, k, v, causal=causal, **kwargs), dtype=np.float64)
     scale = np.maximum(
         _slice_scale(approx), _slice_scale(np.broadcast_to(np.asarray(v, dtype=np.float64), approx.shape))
     )
@@ -190,7 +189,19 @@ def check_agreement(
     @functools.cache
     def naive() -> list[Naive]:
         """The rule's yardsticks (``naive_forms``), evaluated once, when a rule first needs them."""
-        return naive_forms(variant, q, k, v, causal=causal, dtype=dtype, **kwargs)
+        return naive_forms(var, q, k, v, causal=causal, dtype=dtype, **kwargs)
+
+    @functools.cache
+    def noise() -> np.ndarray:
+        """Entries whose probabilistic bound at float32's u reaches the slice's magnitude: rounding noise
+        for every algorithm (none for contracting transitions, whose radii wrap instead); evaluated once,
+        when the low-precision rule first has entries to judge."""
+        if "contracting-transitions" in var.tags(var.split_kwargs(kwargs)[0]):
+            return np.zeros(out.shape, dtype=bool)
+        at_float32 = pbound
+        if u != unit_roundoff("float32"):
+            at_float32 = probabilistic_bound(var, q, k, v, causal=causal, dtype="float32", **kwargs)[0]
+        return ~(at_float32 < 0.5 * scale)
 
     # first without the rule's request (float64 mostly suffices): a sharper truth is asked for only when
     # the rule's verdict could change with it (``_Judged.rule_open``)
@@ -210,15 +221,8 @@ def check_agreement(
             name, float("inf"), 1.0, details={"error": f"output shape {out.shape}, expected {approx.shape}"}
         )
     requests = (first, need) if vacuous_guess.any() else (need,)
-    noise = np.zeros(out.shape, dtype=bool)  # vacuous even at float32's u: rounding noise for every algorithm
-    var = _variants.get(variant)
-    if vacuous_guess.any() and "contracting-transitions" not in var.tags(var.split_kwargs(kwargs)[0]):
-        noise_bound = pbound if u == unit_roundoff("float32") else None
-        if noise_bound is None:
-            noise_bound = probabilistic_bound(variant, q, k, v, causal=causal, dtype="float32", **kwargs)[0]
-        noise = ~(noise_bound < 0.5 * scale)
     for request in requests:
-        t = truth(variant, q, k, v, causal=causal, digits=None, atol=np.maximum(0.01 * request, 1e-300), **kwargs)
+        t = truth(var, q, k, v, causal=causal, digits=None, atol=np.maximum(0.01 * request, 1e-300), **kwargs)
         judged = _judge(name, out, v, t, bound, pbound, probability, naive, u, dtype, noise)
         if not judged.rule_open:
             break
@@ -242,7 +246,7 @@ def _judge(
     naive: Callable[[], list[Naive]],
     u: float,
     dtype: Any,
-    noise: np.ndarray,
+    noise: Callable[[], np.ndarray],
 ) -> _Judged:
     """The Finding of ``check_agreement`` on the truth ``t``, every error counted at its worst over the
     truth's bound."""
@@ -276,7 +280,7 @@ def _judge(
     # 3. the low-precision rule, in norm over the entries left, where the naive definition is informative
     # and the entry is more than rounding noise at float32's unit roundoff (a non-finite output is never
     # noise: the rule judges it, and fails it where the naive definition is finite)
-    noisy = rest & noise & np.isfinite(out)
+    noisy = rest & noise() & np.isfinite(out) if rest.any() else np.zeros_like(rest)
     rest &= ~noisy
     lp_count, unbounded = 0, int(rest.sum()) + int(noisy.sum())
     if rest.any():

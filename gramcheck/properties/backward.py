@@ -33,7 +33,7 @@ from ..strategies import AttentionInputs
 from ..targets import Target
 from .base import guarded
 from .invariants import _rng, _undefined
-from .state import NormPart, initial_state_of, parts_finding
+from .state import NormPart, frobenius, initial_state_of, parts_finding
 
 BACKWARD_K = 2.0
 BACKWARD_FLOOR_ULPS = 4.0
@@ -106,10 +106,6 @@ def _run_definition(target: Target, ar: Any, t: dict[str, Any], *, causal: bool,
 
 def _largest(diff: np.ndarray) -> float:
     return float(np.max(np.where(np.isnan(diff), np.inf, diff), initial=0.0))
-
-
-def _norm(diff: np.ndarray) -> float:
-    return float(np.sqrt(np.sum(np.where(np.isnan(diff), np.inf, diff) ** 2)))
 
 
 def yardstick_error(naive: list[dict[str, np.ndarray]], ref: dict[str, np.ndarray], name: str, size: Any) -> float:
@@ -252,9 +248,9 @@ def backward_agreement(target: Target, ex: AttentionInputs, *, causal: bool) -> 
         # tensor in norm, with the floor relative to the larger of its own norm and its natural size (the
         # rounding of larger intermediates reaches a small gradient). Elsewhere (normalisations that
         # cancel) the roundings follow the terms: not judged.
-        own_norm = _norm(ref[n]) if largest > CANCELLED * natural and contracting else 0.0
+        own_norm = frobenius(ref[n]) if largest > CANCELLED * natural and contracting else 0.0
         scale_norm = max(own_norm, natural * float(np.sqrt(ref[n].size)))
-        bound = BACKWARD_K * yardstick_error(naive, ref, n, _norm) + floor_rel * scale_norm
+        bound = BACKWARD_K * yardstick_error(naive, ref, n, frobenius) + floor_rel * scale_norm
         if bound >= own_norm:
             unjudged.append(f"d{n}")
             continue

@@ -109,6 +109,11 @@ def _segment(ex: AttentionInputs, a: int, b: int) -> AttentionInputs:
     return replace(ex, q=ex.q[:, :, a:b], k=ex.k[:, :, a:b], v=ex.v[:, :, a:b], extras=extras)
 
 
+def frobenius(err: np.ndarray) -> float:
+    """||err||_F with a NaN entry counted as inf."""
+    return float(np.sqrt(np.sum(np.where(np.isnan(err), np.inf, err) ** 2)))
+
+
 @dataclass(frozen=True)
 class NormPart:
     """A part judged as a whole: ||err||_F <= bound, ``err`` the entrywise errors (NaN: inf)."""
@@ -118,8 +123,7 @@ class NormPart:
 
     @property
     def error(self) -> float:
-        e = np.where(np.isnan(self.err), np.inf, self.err)
-        return float(np.sqrt(np.sum(e**2)))
+        return frobenius(self.err)
 
     def first_failing(self, axis: int) -> int:
         """The shortest prefix along ``axis`` whose errors already exceed the bound in norm."""

@@ -59,7 +59,7 @@ def chunk_decays(ar: Any, alpha: Any) -> tuple[Any, Any]:
     and 0 above (B, H, n_chunks, c, c), P_t = prod_{r<=t} alpha_r (B, H, n_chunks, c). Products of the
     decays, row by row, so that they are as accurate as a recurrence's (no cumulative sum of logs)."""
     B, H, nc, c = alpha.shape
-    first = ar.concat([alpha[..., :1] * 0.0 + 1.0, ar.zeros((B, H, nc, c - 1))], axis=-1)
+    first = ar.asarray(np.eye(1, c)[0] * np.ones((B, H, nc, 1)))  # [1, 0, ..., 0]
     rows = [first]
     for t in range(1, c):  # Gamma[t, s] = Gamma[t - 1, s] alpha_t for s < t, Gamma[t, t] = 1
         decayed = rows[-1][..., :t] * alpha[..., t : t + 1]
@@ -74,7 +74,7 @@ def to_chunks(ar: Any, x: Any, c: int, fill: float = 0.0) -> Any:
     tail = tuple(x.shape[3:])
     pad = (-N) % c
     if pad:
-        x = ar.concat([x, ar.zeros((B, H, pad, *tail)) + fill], axis=2)
+        x = ar.concat([x, ar.asarray(np.full((B, H, pad, *tail), fill))], axis=2)
     return x.reshape(B, H, (N + pad) // c, c, *tail)
 
 
