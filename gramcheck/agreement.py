@@ -2,8 +2,7 @@
 the unit roundoff of the dtype (proofs/fp-forward-error.md).
 
 bound_ij = C * R_ij(u_dtype) where R(u) is the first-order componentwise rounding-error bound of the
-variant's definitional formula (the largest of it and the variant's other standard algorithms',
-``model_radii``) evaluated with unit roundoff u (ball arithmetic over
+variant's definitional formula evaluated with unit roundoff u (ball arithmetic over
 ``arith.rounding_model``: each operation contributes u |result|, each product of length n contributes
 gamma_n |A| |B|, radii propagate through the formula), and C = 2 allows one reassociation (recurrent
 or chunked order) of the same non-negative sums. The truth is computed to within 1% of the bound (for
@@ -16,9 +15,7 @@ or n u >= 1, where gamma_n does not exist) is judged, in this order, by
    probabilistic-rounding.md) where that one is below the magnitude: rigour ``probabilistic``, with the
    probability it holds recorded;
 2. otherwise the low-precision rule in norm (proofs/low-precision-rule.md): over those entries,
-   ||T - truth||_F <= 2 ||naive - truth||_F + 2 u ||truth||_F, naive the least accurate of the
-   definition (rounded to nearest, and stochastically) and the variant's other algorithms computed in
-   the dtype (``naive_forms``).
+   ||T - truth||_F <= 2 ||naive - truth||_F + 2 u ||truth||_F, naive the definition computed in the dtype.
 The rule rests on the standard model of rounding, which the dtype's underflow and overflow break: it
 judges only entries that the naive definition computes finitely, in a row (one query's output vector)
 where the dtype's range did not move the result by more than its rounding did (the naive definition
@@ -27,9 +24,8 @@ subnormals, the textbook formula returns a value quantised to +-1 for one row an
 target's NaN there is range exhaustion the definition shares, reported in ``unbounded_entries``.
 The rule compares the target's rounding with the naive definition's, which says something only where
 those roundings are not all there is: an entry whose probabilistic bound at float32's unit roundoff
-(the least precision a kernel accumulates in; for variants whose denominators can vanish, with the
-elementwise results in the dtype: ``rounding_noise``) still reaches its magnitude is rounding noise for
-every algorithm, and two noises compare by chance (performer-trig's recurrent form, the definition's own
+(the least precision a kernel accumulates in) still reaches its magnitude is rounding noise for every
+algorithm, and two noises compare by chance (performer-trig's recurrent form, the definition's own
 algorithm, measured 1.47 against the definition rounded to float32). Such entries, where the output is
 finite, are counted in ``noise_entries`` (and ``unbounded_entries``) and not judged, except for variants
 whose transitions contract
@@ -59,99 +55,49 @@ LOW_PRECISION_FLOOR_ULPS = 2.0  # the output's own last rounding (u |o|), twice
 RULES = ("worst-case", "probabilistic", "low-precision rule")
 
 
-def model_radii(var: Any, model: Any, q: Any, k: Any, v: Any, *, causal: bool, **kwargs: Any) -> Any:
-    """Entrywise the largest radius, in the rounding model ``model``, of the definition and of each other
-    standard algorithm of the variant (``Variant.algorithms``): a bound on the rounding error of whichever
-    of them a target follows (the delta rule's chunked solve rounds where the recurrence does not).
-    An array, or a tuple of arrays where the reference returns a tuple (``output_final_state``)."""
-    with np.errstate(all="ignore"):
-        outs = [var.reference(q, k, v, causal=causal, arith=model, **kwargs)]
-        outs += var.algorithms(q, k, v, causal=causal, arith=model, **kwargs)
-        with model.context():
-            radii = [
-                tuple(np.asarray(model.radius(b), dtype=np.float64) for b in o)
-                if isinstance(o, tuple)
-                else (np.asarray(model.radius(o), dtype=np.float64),)
-                for o in outs
-            ]
-        largest = tuple(functools.reduce(np.fmax, parts) for parts in zip(*radii, strict=True))
-    return largest if isinstance(outs[0], tuple) else largest[0]
-
-
-def rounding_bound(variant: Any, q: Any, k: Any, v: Any, *, causal: bool, dtype: Any, **kwargs: Any) -> Any:
-    """C * R(u_dtype), componentwise, for inputs exactly representable in ``dtype``: R the largest rounding
-    bound of the definition and the variant's other algorithms (``model_radii``); a tuple (out, S_N)
-    with ``output_final_state``."""
-    r = model_radii(_variants.get(variant), rounding_model(dtype), q, k, v, causal=causal, **kwargs)
-    return tuple(REASSOCIATION_FACTOR * x for x in r) if isinstance(r, tuple) else REASSOCIATION_FACTOR * r
+def rounding_bound(variant: Any, q: Any, k: Any, v: Any, *, causal: bool, dtype: Any, **kwargs: Any) -> np.ndarray:
+    """C * R(u_dtype), componentwise, for inputs exactly representable in ``dtype``."""
+    model = rounding_model(dtype)
+    ball = _variants.get(variant).reference(q, k, v, causal=causal, arith=model, **kwargs)
+    return REASSOCIATION_FACTOR * model.radius(ball)
 
 
 def probabilistic_bound(
-    variant: Any, q: Any, k: Any, v: Any, *, causal: bool, dtype: Any, accumulator: Any = None, **kwargs: Any
+    variant: Any, q: Any, k: Any, v: Any, *, causal: bool, dtype: Any, **kwargs: Any
 ) -> tuple[np.ndarray, float]:
     """(C * R~(u_dtype), probability): the rounding bound with every accumulation charged Higham and
     Mary's gamma~_n(lambda) instead of gamma_n; it holds for all entries together with at least the
-    returned probability under the probabilistic rounding model (proofs/probabilistic-rounding.md).
-    ``accumulator``: accumulations at that format's unit roundoff (``arith.ProbabilisticModel``)."""
-    model = ProbabilisticModel(dtype, accumulator=accumulator)
-    r = model_radii(_variants.get(variant), model, q, k, v, causal=causal, **kwargs)
-    return REASSOCIATION_FACTOR * r, 1.0 - model.failure_probability()
+    returned probability under the probabilistic rounding model (proofs/probabilistic-rounding.md)."""
+    model = ProbabilisticModel(dtype)
+    with np.errstate(all="ignore"):
+        ball = _variants.get(variant).reference(q, k, v, causal=causal, arith=model, **kwargs)
+    return REASSOCIATION_FACTOR * model.radius(ball), 1.0 - model.failure_probability()
 
 
 def naive_definition(
-    variant: Any,
-    q: Any,
-    k: Any,
-    v: Any,
-    *,
-    causal: bool,
-    dtype: Any,
-    wide_range: bool = False,
-    stochastic: int | None = None,
-    fn: str = "reference",
-    **kwargs: Any,
-) -> Any:
-    """The definition (or, with ``fn='algorithms'``, the list of the variant's other algorithms) evaluated
-    with every operation rounded to ``dtype`` (``arith.RoundedArith``); ``wide_range``: to its significand
-    in float64's exponent range; ``stochastic``: rounded stochastically with that seed."""
-    ar = RoundedArith(dtype, wide_range=wide_range, stochastic=stochastic)
+    variant: Any, q: Any, k: Any, v: Any, *, causal: bool, dtype: Any, wide_range: bool = False, **kwargs: Any
+) -> np.ndarray:
+    """The definition evaluated with every operation rounded to ``dtype`` (``arith.RoundedArith``);
+    ``wide_range``: to its significand in float64's exponent range."""
+    ar = RoundedArith(dtype, wide_range=wide_range)
     with np.errstate(all="ignore"):
-        out = getattr(_variants.get(variant), fn)(q, k, v, causal=causal, arith=ar, **kwargs)
-    return [ar.to_float64(x) for x in out] if isinstance(out, list) else ar.to_float64(out)
+        ball = _variants.get(variant).reference(q, k, v, causal=causal, arith=ar, **kwargs)
+    return ar.to_float64(ball)
 
 
-STOCHASTIC_SAMPLES = 4  # stochastically rounded evaluations of the definition among the yardsticks
-
-
-def naive_forms(
-    variant: Any, q: Any, k: Any, v: Any, *, causal: bool, dtype: Any, sampled: bool = True, **kwargs: Any
-) -> Yardsticks:
-    """The low-precision rules' yardsticks, each with its wide-range twin: the definition rounded to nearest
-    in ``dtype``, then, in formats coarser than float32, ``STOCHASTIC_SAMPLES`` times rounded
-    stochastically (seeds 0, 1, ...), and each other standard algorithm of the variant
-    (``Variant.algorithms``) rounded to nearest. Where a few roundings amplified by exp decide the output
-    (a logit or feature exponent of size 10-50 in bfloat16 errs by u |x| = 4-20%), rounding to nearest is
-    one draw from a wide spread of errors, and a target's rounding choices land anywhere in it; where
-    rounding to nearest keeps a row out of the dtype's underflow by chance, the samples show it. In float32
-    that amplification is 2^-24 |x|, and the samples would only loosen the rule (by 2.4x on the delta
-    rule's recurrence). ``sampled=False`` leaves the samples out (``can_sample`` then says whether the
-    format has them): the rules evaluate them only where the yardsticks rounded to nearest fail a target."""
+def naive_forms(variant: Any, q: Any, k: Any, v: Any, *, causal: bool, dtype: Any, **kwargs: Any) -> list[Naive]:
+    """The low-precision rules' yardsticks: the definition, then each other standard algorithm of the
+    variant (``Variant.algorithms``), evaluated with every operation rounded to ``dtype``, each with its
+    wide-range twin."""
     var = _variants.get(variant)
-    coarse = unit_roundoff(dtype) > unit_roundoff("float32")
-    samples = range(STOCHASTIC_SAMPLES if coarse and sampled else 0)
-
-    def twins(**how: Any) -> Any:
-        narrow, wide = (
-            naive_definition(var, q, k, v, causal=causal, dtype=dtype, wide_range=w, **how, **kwargs)
-            for w in (False, True)
-        )
-        if isinstance(narrow, list):
-            return [Naive(a, b) for a, b in zip(narrow, wide, strict=True)]
-        return Naive(narrow, wide)
-
-    definition = [twins()] + [twins(stochastic=seed) for seed in samples]
-    can_sample = coarse and not sampled and STOCHASTIC_SAMPLES > 0
-    return Yardsticks(definition, twins(fn="algorithms"), can_sample=can_sample)
+    rounded = []
+    for wide in (False, True):
+        ar = RoundedArith(dtype, wide_range=wide)
+        with np.errstate(all="ignore"):
+            outs = [var.reference(q, k, v, causal=causal, arith=ar, **kwargs)]
+            outs += var.algorithms(q, k, v, causal=causal, arith=ar, **kwargs)
+        rounded.append([ar.to_float64(x) for x in outs])
+    return [Naive(a, b) for a, b in zip(*rounded, strict=True)]
 
 
 @dataclass(frozen=True)
@@ -166,71 +112,33 @@ class Naive:
         return _in_range(self.value, self.wide, truth_value, u)
 
 
-@dataclass(frozen=True)
-class Yardsticks:
-    """The definition in the dtype (rounded to nearest first, then stochastically) and the variant's other
-    algorithms rounded to nearest (``naive_forms``)."""
-
-    definition: list[Naive]
-    algorithms: list[Naive]
-    can_sample: bool = False  # the format has stochastic samples that these yardsticks leave out
-
-    @property
-    def nearest(self) -> Naive:
-        """The definition rounded to nearest."""
-        return self.definition[0]
-
-    def in_range(self, truth_value: np.ndarray, u: float) -> np.ndarray:
-        """Entries the rule can judge: finite, and decided by rounding, not by the dtype's range, in every
-        evaluation of the definition."""
-        return functools.reduce(np.logical_and, (d.in_range(truth_value, u) for d in self.definition))
-
-    def error(
-        self, truth_value: np.ndarray, judged: np.ndarray, u: float, size: Callable[[np.ndarray], float]
-    ) -> float:
-        """The yardstick: the largest ``size`` of |naive - truth| over the definition's evaluations and each
-        other algorithm whose result is finite and decided by rounding on the ``judged`` entries (an
-        algorithm that overflows where the definition does not says nothing of rounding)."""
-        errors = [size(np.abs(d.value - truth_value)) for d in self.definition]
-        for f in self.algorithms:
-            if np.all(f.in_range(truth_value, u)[judged]):
-                errors.append(size(np.abs(f.value - truth_value)))
-        return max(errors)
+def yardstick_error(
+    forms: list[Naive], truth_value: np.ndarray, judged: np.ndarray, u: float, size: Callable[[np.ndarray], float]
+) -> float:
+    """The low-precision rules' yardstick: the largest ``size`` of |naive - truth| over the definition and
+    each other algorithm whose result is finite and decided by rounding, not by the dtype's range, on the
+    judged entries (an algorithm that overflows where the definition does not says nothing of rounding)."""
+    errors = [size(np.abs(forms[0].value - truth_value))]
+    for f in forms[1:]:
+        if np.all(f.in_range(truth_value, u)[judged]):
+            errors.append(size(np.abs(f.value - truth_value)))
+    return max(errors)
 
 
 def rounding_noise(
-    variant: Any,
-    q: Any,
-    k: Any,
-    v: Any,
-    *,
-    causal: bool,
-    dtype: Any,
-    magnitude: np.ndarray,
-    bound: Any = None,
-    **kwargs: Any,
+    variant: Any, q: Any, k: Any, v: Any, *, causal: bool, magnitude: np.ndarray, bound32: Any = None, **kwargs: Any
 ) -> np.ndarray:
-    """Entries whose probabilistic bound for a kernel accumulating in float32 (the least precision kernels
-    accumulate in) reaches half their ``magnitude`` (the largest value of their (batch, head) slice):
-    rounding noise for every such algorithm, which the low-precision rules do not judge
-    (proofs/low-precision-rule.md). The kernel rounds its elementwise results to float32, or, for a
-    variant whose denominators can vanish (``vanishing-denominator``) in a format coarser than float32,
-    to that format: there the rounding of the features decides a denominator that cancels below it
-    (trigonometric FAVOR+ in bfloat16 took the wrong sign rounded to nearest). Where weights are
-    positive nothing cancels, and the quotient's worst-case radius, blind to the rounding its numerator
-    and denominator share, would call every bfloat16 FAVOR+ output noise. ``bound``: that bound when
-    already computed. None for variants whose transitions contract: there the rounding model's radii
-    wrap, and a large radius is not evidence of cancellation."""
+    """Entries whose probabilistic bound at float32's unit roundoff (the least precision a kernel
+    accumulates in; ``bound32`` when already computed) reaches half their ``magnitude`` (the largest value
+    of their (batch, head) slice): rounding noise for every algorithm, which the low-precision rules do
+    not judge (proofs/low-precision-rule.md). None for variants whose transitions contract: there the
+    rounding model's radii wrap, and a large radius is not evidence of cancellation."""
     var = _variants.get(variant)
-    tags = var.tags(var.split_kwargs(kwargs)[0])
-    if "contracting-transitions" in tags:
+    if "contracting-transitions" in var.tags(var.split_kwargs(kwargs)[0]):
         return np.zeros(np.shape(magnitude), dtype=bool)
-    if bound is None:
-        coarse = "vanishing-denominator" in tags and unit_roundoff(dtype) > unit_roundoff("float32")
-        elementwise = dtype if coarse else "float32"
-        kw = dict(causal=causal, dtype=elementwise, accumulator="float32", **kwargs)
-        bound = probabilistic_bound(var, q, k, v, **kw)[0]
-    return ~(bound < 0.5 * magnitude)
+    if bound32 is None:
+        bound32 = probabilistic_bound(var, q, k, v, causal=causal, dtype="float32", **kwargs)[0]
+    return ~(bound32 < 0.5 * magnitude)
 
 
 def slice_scale(x: np.ndarray) -> np.ndarray:
@@ -295,25 +203,25 @@ def check_agreement(
     fallback = u * np.maximum(finite_approx, np.maximum(rms, 2.0**-30 * scale))
 
     @functools.cache
-    def naive(sampled: bool = False) -> Yardsticks:
+    def naive() -> list[Naive]:
         """The rule's yardsticks (``naive_forms``), evaluated once, when a rule first needs them."""
-        return naive_forms(var, q, k, v, causal=causal, dtype=dtype, sampled=sampled, **kwargs)
+        return naive_forms(var, q, k, v, causal=causal, dtype=dtype, **kwargs)
 
     @functools.cache
     def noise() -> np.ndarray:
         """``rounding_noise``, evaluated once, when the low-precision rule first has entries to judge."""
         same = pbound if u == unit_roundoff("float32") else None  # float32's bound is the gate's
-        return rounding_noise(var, q, k, v, causal=causal, dtype=dtype, magnitude=scale, bound=same, **kwargs)
+        return rounding_noise(var, q, k, v, causal=causal, magnitude=scale, bound32=same, **kwargs)
 
     # first without the rule's request (float64 mostly suffices): a sharper truth is asked for only when
     # the rule's verdict could change with it (``_Judged.rule_open``)
     first = np.where(vacuous_guess, np.minimum(pbound, bound), bound)
     need = first
     if vacuous_guess.any():
-        forms = naive(False)
+        definition = naive()[0]
         with np.errstate(invalid="ignore"):
-            miss = np.abs(forms.nearest.value - approx)
-        lp_need = np.where(forms.in_range(approx, u), np.maximum(fallback, miss), np.inf)
+            miss = np.abs(definition.value - approx)
+        lp_need = np.where(definition.in_range(approx, u), np.maximum(fallback, miss), np.inf)
         need = np.where(vacuous_guess, np.minimum(first, lp_need), first)
     # an entry no rule can judge (every bound infinite, the naive definition not finite or moved by the
     # range) asks only for the slice magnitude that decides which rule judges its neighbours
@@ -345,7 +253,7 @@ def _judge(
     bound: np.ndarray,
     pbound: np.ndarray,
     probability: float,
-    naive: Callable[[bool], Yardsticks],
+    naive: Callable[[], list[Naive]],
     u: float,
     dtype: Any,
     noise: Callable[[], np.ndarray],
@@ -382,28 +290,21 @@ def _judge(
     # 3. the low-precision rule, in norm over the entries left, where the naive definition is informative
     # and the entry is more than rounding noise at float32's unit roundoff (a non-finite output is never
     # noise: the rule judges it, and fails it where the naive definition is finite)
-    noisy = np.zeros_like(rest)
-    if rest.any():
-        noisy = rest & noise() & np.isfinite(out)
-        rest &= ~noisy
+    noisy = rest & noise() & np.isfinite(out) if rest.any() else np.zeros_like(rest)
+    rest &= ~noisy
     lp_count, unbounded = 0, int(rest.sum()) + int(noisy.sum())
-    # the yardsticks rounded to nearest first; the stochastic samples only where those fail the target
-    # (they can only widen the yardstick, or set aside rows the range decided under other roundings)
-    for sampled in (False, True):
-        if not rest.any():
-            break
-        forms = naive(sampled)
-        lp = rest & forms.in_range(t.value, u)
+    if rest.any():
+        forms = naive()
+        lp = rest & forms[0].in_range(t.value, u)
         lp_count, unbounded = int(lp.sum()), int((rest & ~lp).sum()) + int(noisy.sum())
-        r_lp = 0.0
         if lp_count:
 
-            def norm(x: np.ndarray, lp: np.ndarray = lp) -> float:  # Frobenius norm over the rule's entries
+            def norm(x: np.ndarray) -> float:  # Frobenius norm over the rule's entries
                 return float(np.sqrt(np.sum(np.where(lp, x, 0.0) ** 2)))
 
             e_t, t_bound = norm(err), norm(t.bound)
             # the yardstick's error, at least: its distance to the truth's value less the truth's bound
-            e_n = max(forms.error(t.value, lp, u, norm) - t_bound, 0.0)
+            e_n = max(yardstick_error(forms, t.value, lp, u, norm) - t_bound, 0.0)
             size = norm(t.value)
             b_lp = LOW_PRECISION_K * e_n + LOW_PRECISION_FLOOR_ULPS * u * size
             r_lp = e_t / b_lp if b_lp > 0 else (0.0 if e_t == 0 else float("inf"))
@@ -413,12 +314,10 @@ def _judge(
             rule_open = r_lp > 1.0 and not e_t_least > b_most
             ratios["low-precision rule"] = r_lp
             details["low_precision"] = {"target_error": e_t, "naive_error": e_n, "output_norm": size}
-        if r_lp <= 1.0 or not forms.can_sample:
-            break
-    if "low-precision rule" in ratios and ratios["low-precision rule"] > measured:
-        lp_err = np.where(lp, err, -1.0)
-        measured, worst_rule = ratios["low-precision rule"], "low-precision rule"
-        worst_at = tuple(int(i) for i in np.unravel_index(int(np.argmax(lp_err)), lp_err.shape))
+            if r_lp > measured:
+                lp_err = np.where(lp, err, -1.0)
+                measured, worst_rule = r_lp, "low-precision rule"
+                worst_at = tuple(int(i) for i in np.unravel_index(int(np.argmax(lp_err)), lp_err.shape))
     judged = wc | pr
     abs_err = np.where(judged, np.abs(out - t.value), 0.0)
     counterexample = None

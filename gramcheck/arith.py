@@ -567,24 +567,18 @@ class ProbabilisticModel(BallArith):
     gamma_n (Higham & Mary 2019, Theorem 2.4): each such bound holds with probability at least
     1 - 2 exp(-lambda^2 (1 - u)^2 / 2) per product of rounding factors when rounding errors are
     independent with mean zero. Elementwise operations keep their deterministic u |y| (one rounding).
-    ``accumulator``: accumulations run at that format's unit roundoff and their results are rounded
-    once to ``dtype`` (a bfloat16 kernel accumulating in float32).
     ``products`` counts the products of rounding factors bounded so far (one per term of every
     accumulation), so that ``failure_probability`` is the union bound for the whole evaluation
     (proofs/probabilistic-rounding.md)."""
 
-    def __init__(self, dtype: Any, lam: float = PROBABILISTIC_LAMBDA, accumulator: Any = None):
+    def __init__(self, dtype: Any, lam: float = PROBABILISTIC_LAMBDA):
         super().__init__(_ModelBackend(dtype))
         self.lam = float(lam)
-        self.acc_u = self.b.u if accumulator is None else _ModelBackend(accumulator).u
-        acc = "" if accumulator is None else f"-accumulating-{_ModelBackend(accumulator).name.removeprefix('model-')}"
-        self.name = f"probabilistic-{self.b.name.removeprefix('model-')}{acc}"
+        self.name = f"probabilistic-{self.b.name.removeprefix('model-')}"
         self.products = 0
 
     def _gammas(self, n: Any) -> Any:
-        g = gamma_tilde(np.asarray(n, dtype=np.float64), lam=self.lam, u=self.acc_u)
-        # accumulated at the accumulator's unit roundoff, then rounded once to the dtype
-        return g if self.acc_u == self.b.u else g + self.b.u * (1 + g)
+        return gamma_tilde(np.asarray(n, dtype=np.float64), lam=self.lam, u=self.b.u)
 
     def failure_probability(self) -> float:
         """Union bound: P(some bounded product exceeds its bound) <= products * 2 exp(-lambda^2 (1-u)^2 / 2)."""
@@ -632,29 +626,22 @@ class RoundedArith(BallArith):
     does. Radii stay zero: this is a plain arithmetic that reuses Ball's operators. It is the naive
     reference of the low-precision rule (proofs/low-precision-rule.md). ``wide_range`` rounds to the
     dtype's significand in float64's exponent range, which tells the dtype's rounding from its
-    underflow and overflow. ``stochastic`` (a seed) rounds every result stochastically instead
-    (``precision.round_to`` with a generator seeded by it; accumulations in float64, rounded once): one
-    draw from the spread of errors that other rounding choices give, the same draws with ``wide_range``."""
+    underflow and overflow."""
 
     enclosing = False
 
-    def __init__(self, dtype: Any, *, wide_range: bool = False, stochastic: int | None = None):
+    def __init__(self, dtype: Any, *, wide_range: bool = False):
         from .precision import dtype_name
 
         super().__init__(_F64Backend())
         self.dtype = dtype_name(dtype)
         self.wide_range = wide_range
-        self.rng = None if stochastic is None else np.random.default_rng(stochastic)
-        self.name = (
-            f"rounded-{self.dtype}"
-            + ("-wide" if wide_range else "")
-            + ("" if stochastic is None else f"-stochastic{stochastic}")
-        )
+        self.name = f"rounded-{self.dtype}" + ("-wide" if wide_range else "")
 
     def _r(self, y: Any) -> Ball:
         from .precision import round_to
 
-        return Ball(self, round_to(y, self.dtype, wide_range=self.wide_range, rng=self.rng), np.zeros(np.shape(y)))
+        return Ball(self, round_to(y, self.dtype, wide_range=self.wide_range), np.zeros(np.shape(y)))
 
     def asarray(self, x: Any) -> Ball:
         return self._r(np.asarray(x, dtype=np.float64))
@@ -713,7 +700,7 @@ class RoundedArith(BallArith):
         return np.frexp(top)[1]
 
     def _in_float32(self, op: Any, *xs: np.ndarray, **kw: Any) -> np.ndarray:
-        if self.dtype == "float64" or self.rng is not None:
+        if self.dtype == "float64":
             return op(*xs, **kw)
         with np.errstate(over="ignore", invalid="ignore"):
             return op(*(np.asarray(x).astype(np.float32) for x in xs), **kw).astype(np.float64)

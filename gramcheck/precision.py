@@ -126,13 +126,12 @@ def max_finite(dtype: Any) -> float:
     return _RANGE[dtype_name(dtype)][1]
 
 
-def round_to(x: Any, dtype: Any, *, wide_range: bool = False, rng: np.random.Generator | None = None) -> np.ndarray:
+def round_to(x: Any, dtype: Any, *, wide_range: bool = False) -> np.ndarray:
     """x (float64) rounded to the nearest value of ``dtype`` (ties to even, subnormals kept, overflow to
     +-inf), returned as float64 so a reference evaluates exactly what a target in ``dtype`` receives.
     NumPy only: p significand bits and the subnormal exponent define the grid. ``wide_range`` keeps the
     significand bits and takes float64's exponent range: the rounding without the dtype's underflow
-    and overflow. With ``rng``, stochastic rounding instead: to one of the two neighbours on the grid,
-    the upper with probability (x - lower) / spacing (one uniform draw per entry, in C order)."""
+    and overflow."""
     name = dtype_name(dtype)
     x = np.asarray(x, dtype=np.float64)
     if name == "float64":
@@ -142,12 +141,7 @@ def round_to(x: Any, dtype: Any, *, wide_range: bool = False, rng: np.random.Gen
     with np.errstate(over="ignore", invalid="ignore"):
         _, e = np.frexp(x)  # x = f 2^e, 0.5 <= |f| < 1
         step = np.maximum(e.astype(np.int64) - p, sub_exp)  # spacing 2^step of the grid near x
-        scaled = np.ldexp(x, -step)
-        if rng is None:
-            out = np.ldexp(np.round(scaled), step)  # np.round: half to even
-        else:
-            lower = np.floor(scaled)
-            out = np.ldexp(lower + (rng.random(np.shape(x)) < scaled - lower), step)
+        out = np.ldexp(np.round(np.ldexp(x, -step)), step)  # np.round: half to even
         return np.where(np.abs(out) > big, np.copysign(np.inf, x), out)
 
 

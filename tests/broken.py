@@ -104,6 +104,25 @@ def performer_with_halved_rows(q, k, v, *, causal, projection):
     return V.get("performer-positive").torch(q, k, v, causal=causal, projection=projection) / 2
 
 
+class _UnreducedTrig(type(TORCH)):
+    """The torch arithmetic with sin and cos that clamp their argument to [-pi, pi] instead of reducing it."""
+
+    def sin(self, x):
+        return torch.sin(x.clamp(-math.pi, math.pi))
+
+    def cos(self, x):
+        return torch.cos(x.clamp(-math.pi, math.pi))
+
+
+def performer_trig_unreduced_arguments(q, k, v, *, causal, projection):
+    """Trigonometric FAVOR+ whose sin and cos clamp w.x to [-pi, pi]: off by 100% and more on ordinary
+    inputs (a noise gate that judged nothing of bfloat16 trigonometric outputs passed it)."""
+    w = projection.to(q.dtype)
+    fq = favor(_UnreducedTrig(), q, w, kind="trig", is_query=True)
+    fk = favor(_UnreducedTrig(), k, w, kind="trig", is_query=False)
+    return torch_normalised(fq, fk, v, causal=causal, form="chunked", chunk_size=64)
+
+
 def performer_global_key_stabiliser(q, k, v, *, causal, projection):
     """Causal FAVOR+ as the reference code writes it: keys stabilised by their maximum over *all* tokens.
     A future outlier key moves the shift for every earlier key: past outputs change (and can underflow to

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from ..agreement import LOW_PRECISION_K, check_agreement, naive_forms, rounding_noise, slice_scale
+from ..agreement import LOW_PRECISION_K, check_agreement, naive_forms, rounding_noise, slice_scale, yardstick_error
 from ..findings import Finding
 from ..oracle import truth
 from ..precision import unit_roundoff
@@ -20,8 +20,7 @@ LOW_PRECISION_FLOOR_ULPS = 4.0  # the output's own last roundings (numerator, de
 @guarded("agreement")
 def agreement(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding | None:
     """|T(q, k, v) - truth| <= 2 R(u_dtype) componentwise, R the first-order rounding bound of the
-    definition and the variant's other standard algorithms (proofs/fp-forward-error.md), or the rules of
-    ``agreement.check_agreement`` where that is vacuous; details carry the bits of error beyond the bound."""
+    definition (proofs/fp-forward-error.md); details carry the bits of error beyond the bound."""
     out = target(ex.q, ex.k, ex.v, causal=causal, **ex.extras)
     f = check_agreement(
         "agreement",
@@ -41,11 +40,11 @@ def agreement(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding |
 @guarded("low-precision")
 def low_precision(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding | None:
     """max|T - truth| <= k max|naive - truth| + 4 u max(|truth|, |v|) with k = 2, the naive reference being the
-    definition computed in the same dtype (rounded to nearest, and stochastically), or the variant's other
-    standard algorithm there where that errs more (``agreement.naive_forms``; proofs/low-precision-rule.md),
-    over the entries that are not rounding noise (``agreement.rounding_noise``; a
-    non-finite output there is still judged). Where the naive definition itself is not finite the rule
-    gives no bound and the Finding says so (agreement still applies)."""
+    definition computed in the same dtype, or the variant's other standard algorithm there where that
+    errs more (``agreement.naive_forms``; proofs/low-precision-rule.md), over the entries that are not
+    rounding noise (``agreement.rounding_noise``, as agreement judges them; a non-finite output there is
+    still judged). Where the naive definition itself is not finite the rule gives no bound and the
+    Finding says so (agreement still applies)."""
     var = target.variant
     kw = {**target.params, **ex.extras}
     t = truth(var, ex.q, ex.k, ex.v, causal=causal, digits=6, **kw)
@@ -53,34 +52,23 @@ def low_precision(target: Target, ex: AttentionInputs, *, causal: bool) -> Findi
     if not defined.any():
         return None
     out = target(ex.q, ex.k, ex.v, causal=causal, **ex.extras)
-    u = unit_roundoff(target.dtype)
     value = np.where(defined, t.value, 0.0)
     slices = np.maximum(slice_scale(value), slice_scale(np.broadcast_to(ex.v, value.shape)))
-    noisy = defined & np.isfinite(out) & rounding_noise(
-        var, ex.q, ex.k, ex.v, causal=causal, dtype=target.dtype, magnitude=slices, **kw
-    )
+    noisy = defined & np.isfinite(out) & rounding_noise(var, ex.q, ex.k, ex.v, causal=causal, magnitude=slices, **kw)
     judged = defined & ~noisy
     if not judged.any():
         return None  # every entry is rounding noise: this input judges nothing
+    forms = naive_forms(var, ex.q, ex.k, ex.v, causal=causal, dtype=target.dtype, **kw)
 
     def largest(diff: np.ndarray) -> float:  # over the judged entries, a NaN counted as inf
         return float(np.max(np.where(judged, np.where(np.isnan(diff), np.inf, diff), 0.0), initial=0.0))
 
     err_t = largest(np.abs(out - t.value))
+    err_n = yardstick_error(forms, t.value, judged, unit_roundoff(target.dtype), largest)
     # the scale of the output: |truth|, or |v| where the truth cancels to (near) zero
     scale = max(float(np.max(np.abs(value))), float(np.max(np.abs(ex.v))))
-    floor = LOW_PRECISION_FLOOR_ULPS * u * scale
-    # the yardsticks rounded to nearest first, the stochastic samples only where those fail the target
-    for sampled in (False, True):
-        forms = naive_forms(var, ex.q, ex.k, ex.v, causal=causal, dtype=target.dtype, sampled=sampled, **kw)
-        err_n = forms.error(t.value, judged, u, largest)
-        bound = LOW_PRECISION_K * err_n + floor
-        if not np.isfinite(bound):
-            measured = 0.0
-        else:
-            measured = float(err_t / bound) if bound > 0 else (0.0 if err_t == 0 else float("inf"))
-        if measured <= 1.0 or not forms.can_sample:
-            break
+    floor = LOW_PRECISION_FLOOR_ULPS * unit_roundoff(target.dtype) * scale
+    bound = LOW_PRECISION_K * err_n + floor
     details: dict[str, Any] = {
         "target_error": err_t,
         "naive_error": err_n,
@@ -90,4 +78,7 @@ def low_precision(target: Target, ex: AttentionInputs, *, causal: bool) -> Findi
     }
     if not np.isfinite(bound):
         details["note"] = "the naive reference is not finite in this dtype: the rule gives no bound"
+        measured = 0.0
+    else:
+        measured = float(err_t / bound) if bound > 0 else (0.0 if err_t == 0 else float("inf"))
     return with_counterexample(Finding("low-precision", float(measured), 1.0, details=details), ex)

@@ -111,7 +111,7 @@ def _largest(diff: np.ndarray) -> float:
 def yardstick_error(naive: list[dict[str, np.ndarray]], ref: dict[str, np.ndarray], name: str, size: Any) -> float:
     """The largest ``size`` of N_x - G*_x over the definition's gradient in the dtype (``naive[0]``; a
     non-finite entry counts as inf) and each other standard algorithm's that is finite (one that
-    overflows says nothing of rounding), as the forward's yardstick (agreement.Yardsticks.error)."""
+    overflows says nothing of rounding), as the forward's yardstick (agreement.yardstick_error)."""
     first = size(np.abs(naive[0][name] - ref[name]))
     rest = [size(np.abs(g[name] - ref[name])) for g in naive[1:] if np.all(np.isfinite(g[name]))]
     return max([first, *rest])

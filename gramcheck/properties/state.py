@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from ..agreement import rounding_bound
-from ..arith import BALL_F64, BallMP
+from ..agreement import REASSOCIATION_FACTOR
+from ..arith import BALL_F64, BallMP, rounding_model
 from ..findings import Finding
 from ..precision import round_to
 from ..strategies import AttentionInputs
@@ -73,20 +73,11 @@ def state_truth(target: Target, ex: AttentionInputs, s0: np.ndarray | None, atol
 
 
 def state_bound(target: Target, ex: AttentionInputs, s0: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-    """2 R(u) of (out, S_N) computed from S_0 in the target's dtype, R the largest rounding bound of the
-    definition and the variant's other algorithms (proofs/state-passing.md)."""
-    out_b, st_b = rounding_bound(
-        target.variant,
-        ex.q,
-        ex.k,
-        ex.v,
-        causal=True,
-        dtype=target.dtype,
-        output_final_state=True,
-        initial_state=s0,
-        **target.params,
-        **ex.extras,
-    )
+    """2 R(u) of (out, S_N) computed from S_0 in the target's dtype (proofs/state-passing.md)."""
+    model = rounding_model(target.dtype)
+    balls = _reference(target, ex, model, initial_state=s0)
+    with model.context():
+        out_b, st_b = (REASSOCIATION_FACTOR * np.asarray(model.radius(b), dtype=np.float64) for b in balls)
     return out_b, st_b
 
 
