@@ -623,8 +623,10 @@ class RoundedArith(BallArith):
     """The definition evaluated with every operation's result rounded to ``dtype`` (round to nearest
     even, via ``precision.round_to``); products and sums are accumulated in float32 (float64 for
     float64) and rounded once, as a float32 kernel, or a bf16/fp16 matmul with float32 accumulation,
-    does. Radii stay zero: this is a plain arithmetic that reuses Ball's operators. It is the naive
-    reference of the low-precision rule (proofs/low-precision-rule.md). ``wide_range`` rounds to the
+    does. Scalar constants are computed in float64 and cast to float32 where they meet a tensor, as
+    host code and torch's opmath do (``_r``, ``_pair``). Radii stay zero: this is a plain arithmetic that
+    reuses Ball's operators. It is the naive reference of the low-precision rule
+    (proofs/low-precision-rule.md, "Constants as kernels compute them"). ``wide_range`` rounds to the
     dtype's significand in float64's exponent range, which tells the dtype's rounding from its
     underflow and overflow."""
 
@@ -638,10 +640,26 @@ class RoundedArith(BallArith):
         self.wide_range = wide_range
         self.name = f"rounded-{self.dtype}" + ("-wide" if wide_range else "")
 
-    def _r(self, y: Any) -> Ball:
+    def _r(self, y: Any, *operands: Ball) -> Ball:
+        """y rounded to the dtype; an operation on constants only (``exact`` balls: ``const`` and the Python
+        scalars of the formula) stays exact in float64, as a kernel computes its scalar constants (scale
+        d^-1/2, 1/sqrt(m)) in host floating point before they meet a tensor."""
         from .precision import round_to
 
+        if operands and all(o.exact for o in operands):
+            return Ball(self, np.asarray(y, dtype=np.float64), np.zeros(np.shape(y)), exact=True)
         return Ball(self, round_to(y, self.dtype, wide_range=self.wide_range), np.zeros(np.shape(y)))
+
+    def _pair(self, a: Ball, b: Ball) -> tuple[Any, Any]:
+        """The operands' values as an elementwise kernel sees them: a constant meeting a tensor is cast to
+        the operation's arithmetic, float32 below float64 (torch's opmath: a Python float times a
+        bfloat16 or float32 tensor is computed in float32)."""
+        from .precision import round_to
+
+        if a.exact == b.exact or self.dtype == "float64":
+            return a.mid, b.mid
+        cast = (lambda x: round_to(x.mid, "float32") if x.exact else x.mid)  # noqa: E731
+        return cast(a), cast(b)
 
     def asarray(self, x: Any) -> Ball:
         return self._r(np.asarray(x, dtype=np.float64))
@@ -650,28 +668,31 @@ class RoundedArith(BallArith):
         return np.zeros(np.shape(x.mid))
 
     def _add(self, a: Ball, b: Ball) -> Ball:
-        return self._r(a.mid + b.mid)
+        x, y = self._pair(a, b)
+        return self._r(x + y, a, b)
 
     def _mul(self, a: Ball, b: Ball) -> Ball:
-        return self._r(a.mid * b.mid)
+        x, y = self._pair(a, b)
+        return self._r(x * y, a, b)
 
     def _div(self, a: Ball, b: Ball) -> Ball:
-        return self._r(np.divide(a.mid, b.mid))
+        x, y = self._pair(a, b)
+        return self._r(np.divide(x, y), a, b)
 
     def exp(self, x: Ball) -> Ball:
-        return self._r(np.exp(x.mid))
+        return self._r(np.exp(x.mid), x)
 
     def log(self, x: Ball) -> Ball:
-        return self._r(np.log(x.mid))
+        return self._r(np.log(x.mid), x)
 
     def sqrt(self, x: Ball) -> Ball:
-        return self._r(np.sqrt(x.mid))
+        return self._r(np.sqrt(x.mid), x)
 
     def sin(self, x: Ball) -> Ball:
-        return self._r(np.sin(x.mid))
+        return self._r(np.sin(x.mid), x)
 
     def cos(self, x: Ball) -> Ball:
-        return self._r(np.cos(x.mid))
+        return self._r(np.cos(x.mid), x)
 
     def sum(self, x: Ball, axis: int, keepdims: bool = False) -> Ball:
         e = self._exponent(x.mid, axis)
