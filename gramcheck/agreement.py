@@ -129,16 +129,18 @@ def rounding_noise(
     variant: Any, q: Any, k: Any, v: Any, *, causal: bool, magnitude: np.ndarray, bound32: Any = None, **kwargs: Any
 ) -> np.ndarray:
     """Entries whose probabilistic bound at float32's unit roundoff (the least precision a kernel
-    accumulates in; ``bound32`` when already computed) reaches half their ``magnitude`` (the largest value
-    of their (batch, head) slice): rounding noise for every algorithm, which the low-precision rules do
-    not judge (proofs/low-precision-rule.md). None for variants whose transitions contract: there the
-    rounding model's radii wrap, and a large radius is not evidence of cancellation."""
+    accumulates in; ``bound32`` when already computed) is finite and reaches half their ``magnitude`` (the
+    largest value of their (batch, head) slice): rounding noise for every algorithm, which the
+    low-precision rules do not judge (proofs/low-precision-rule.md). An infinite bound is the model's
+    failure (a softmax of logits 1e8, one-hot and exact in every dtype, overflows the ball's exp), not
+    evidence of noise. None for variants whose transitions contract: there the rounding model's radii
+    wrap, and a large radius is not evidence of cancellation."""
     var = _variants.get(variant)
     if "contracting-transitions" in var.tags(var.split_kwargs(kwargs)[0]):
         return np.zeros(np.shape(magnitude), dtype=bool)
     if bound32 is None:
         bound32 = probabilistic_bound(var, q, k, v, causal=causal, dtype="float32", **kwargs)[0]
-    return ~(bound32 < 0.5 * magnitude)
+    return np.isfinite(bound32) & ~(bound32 < 0.5 * magnitude)
 
 
 def slice_scale(x: np.ndarray) -> np.ndarray:

@@ -58,6 +58,26 @@ def test_the_low_precision_property_does_not_judge_rounding_noise():
     assert not low_precision(_fixed(t, nan), ex, causal=True).passed
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_an_infinite_bound_is_not_rounding_noise(dtype):
+    """Softmax of logits ~1e8 (q, k ~ N(0, 2e4^2), d = 4): one-hot, computed exactly by the naive
+    definition, but the rounding model's exp overflows and every probabilistic bound is infinite. Read as
+    noise, the entries went unjudged and a zero output passed agreement and low-precision; the rule in
+    norm judges them, fails a zero output and passes the builtin."""
+    from gramcheck.precision import round_to
+
+    rng = np.random.default_rng(0)
+    q, k = (round_to(rng.standard_normal((1, 1, 34, 4)) * 2e4, dtype) for _ in range(2))
+    v = round_to(rng.standard_normal((1, 1, 34, 4)), dtype)
+    ex = AttentionInputs(q, k, v, {}, "heavy-tail", dtype, {})
+    t = builtin("softmax", dtype=dtype)
+    zero = np.zeros_like(v)
+    f = A.check_agreement("agreement", zero, t.variant, q, k, v, causal=False, dtype=dtype)
+    assert not f.passed and f.details["noise_entries"] == 0, f.details
+    assert not low_precision(_fixed(t, zero), ex, causal=False).passed
+    assert low_precision(t, ex, causal=False).passed
+
+
 def test_trigonometric_features_of_unreduced_arguments_fail_in_bfloat16():
     """sin and cos clamped to [-pi, pi]: a noise gate of bfloat16 features (tried against the false alarm
     below) judged nothing on most such inputs and passed this target; the float32 gate fails it."""
