@@ -143,7 +143,15 @@ def rounding_noise(
     return np.isfinite(bound32) & ~(bound32 < 0.5 * magnitude)
 
 
-def slice_scale(x: np.ndarray) -> np.ndarray:
+def slice_magnitude(value: np.ndarray, v: Any) -> np.ndarray:
+    """The magnitude a bound of an output entry must stay below to say anything: the largest |value| of
+    its (batch, head) slice, or the largest |v| where outputs cancel (|o| <= max|v| for normalised
+    attention), broadcast to value's shape."""
+    value = np.asarray(value, dtype=np.float64)
+    return np.maximum(_slice_scale(value), _slice_scale(np.broadcast_to(np.asarray(v, dtype=np.float64), value.shape)))
+
+
+def _slice_scale(x: np.ndarray) -> np.ndarray:
     """max |x| over each (batch, head) slice (the last two axes), broadcast back to x's shape."""
     a = np.where(np.isfinite(x), np.abs(x), 0.0)
     if a.ndim < 2:
@@ -187,9 +195,7 @@ def check_agreement(
     with np.errstate(all="ignore"):
         bound = rounding_bound(var, q, k, v, causal=causal, dtype=dtype, **kwargs)
         approx = np.asarray(var.reference(q, k, v, causal=causal, **kwargs), dtype=np.float64)
-    scale = np.maximum(
-        slice_scale(approx), slice_scale(np.broadcast_to(np.asarray(v, dtype=np.float64), approx.shape))
-    )
+    scale = slice_magnitude(approx, v)
     vacuous_guess = ~(bound < 0.5 * scale)
     if vacuous_guess.any():
         pbound, probability = probabilistic_bound(variant, q, k, v, causal=causal, dtype=dtype, **kwargs)
@@ -264,9 +270,7 @@ def _judge(
     truth's bound."""
     rule_open = False
     defined = ~t.undefined
-    # the magnitude a bound must stay below to say anything: the largest output of the slice, or the
-    # largest value where outputs cancel (|o| <= max|v| for normalised attention)
-    mag = np.maximum(slice_scale(np.where(defined, t.value, 0.0)), slice_scale(np.broadcast_to(v, out.shape)))
+    mag = slice_magnitude(np.where(defined, t.value, 0.0), v)
     err = np.abs(out - t.value) + t.bound  # worst case over the truth's own uncertainty
     err = np.where(np.isnan(err), np.inf, err)
     # 1. worst case, where the bound is below the magnitude of the outputs it bounds

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from ..agreement import LOW_PRECISION_K, check_agreement, naive_forms, rounding_noise, slice_scale, yardstick_error
+from ..agreement import LOW_PRECISION_K, check_agreement, naive_forms, rounding_noise, slice_magnitude, yardstick_error
 from ..findings import Finding
 from ..oracle import truth
 from ..precision import unit_roundoff
@@ -53,8 +53,8 @@ def low_precision(target: Target, ex: AttentionInputs, *, causal: bool) -> Findi
         return None
     out = target(ex.q, ex.k, ex.v, causal=causal, **ex.extras)
     value = np.where(defined, t.value, 0.0)
-    slices = np.maximum(slice_scale(value), slice_scale(np.broadcast_to(ex.v, value.shape)))
-    noisy = defined & np.isfinite(out) & rounding_noise(var, ex.q, ex.k, ex.v, causal=causal, magnitude=slices, **kw)
+    magnitude = slice_magnitude(value, ex.v)
+    noisy = defined & np.isfinite(out) & rounding_noise(var, ex.q, ex.k, ex.v, causal=causal, magnitude=magnitude, **kw)
     judged = defined & ~noisy
     if not judged.any():
         return None  # every entry is rounding noise: this input judges nothing
