@@ -150,8 +150,11 @@ class Arith:
     def asarray(self, x: Any) -> Array:
         return self.b.asarray(x)
 
-    def const(self, c: float) -> Array:
-        return self.b.scalar(c)
+    def const(self, c: Any) -> Array:
+        """An exact constant of the formula: a number or an array of numbers the host computes in float64
+        (scales, decay schedules, lags), held as each arithmetic's kernels hold it (``RoundedArith``:
+        exact until it meets a tensor), never rounded to a target dtype as ``asarray`` inputs are."""
+        return self.b.scalar(c) if np.ndim(c) == 0 else self.b.asarray(c)
 
     def to_float64(self, x: Array) -> np.ndarray:
         return self.b.to_float64(x)
@@ -370,7 +373,7 @@ class BallArith(Arith):
     def asarray(self, x: Any) -> Ball:
         return self._lift(x)
 
-    def const(self, c: float) -> Ball:
+    def const(self, c: Any) -> Ball:
         return self._lift(np.asarray(c, dtype=np.float64))
 
     def to_float64(self, x: Ball) -> np.ndarray:

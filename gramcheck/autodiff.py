@@ -37,6 +37,26 @@ class TorchDefinition(TorchArith):
             return x
         return torch.as_tensor(np.asarray(x, dtype=np.float64)).to(dtype=self.dtype, device=self.device)
 
+    def const(self, c: Any) -> Any:
+        """A number stays a Python float (torch computes it with a tensor in float32 below float32); an
+        array of constants (a decay schedule, lags) is a tensor in float32 below float32, as kernels hold
+        them: it is never rounded to a 16-bit dtype."""
+        import torch
+
+        if np.ndim(c) == 0:
+            return float(c)
+        work = torch.promote_types(self.dtype, torch.float32)
+        return torch.as_tensor(np.array(c, dtype=np.float64)).to(dtype=work, device=self.device)
+
+    def matmul(self, a: Any, b: Any) -> Any:
+        """a @ b; an operand that met a float32 constant is rounded back to the dtype first, as a kernel
+        casts its float32 tile before a 16-bit matmul."""
+        if a.dtype != self.dtype:
+            a = a.to(self.dtype)
+        if b.dtype != self.dtype:
+            b = b.to(self.dtype)
+        return a @ b
+
     def zeros(self, shape: tuple[int, ...]) -> Any:
         import torch
 

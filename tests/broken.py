@@ -208,6 +208,15 @@ def _with_backward(forward, corrupt):
     return Fn.apply
 
 
+def retnet_decays_in_the_input_dtype(q, k, v, *, causal):
+    """RetNet whose decays gamma_h = 1 - 2^(-5-h) are held in the inputs' dtype: in bfloat16 they round to
+    1 for h >= 4 (1 - 2^-9 is a tie, to even), and those heads never decay."""
+    from gramcheck.variants.retnet import head_gammas
+
+    gamma = torch.as_tensor(head_gammas(q.shape[1]), dtype=q.dtype).double().tolist()
+    return V.get("retnet").torch(q, k, v, causal=True, form="chunked", chunk_size=64, gamma=gamma)
+
+
 def retnet_dv_missing_scale(q, k, v, *, causal):
     """RetNet whose backward forgets the query scale s = 1/sqrt(d) in dv (dv is 1/s times too large)."""
 

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from broken import performer_trig_unreduced_arguments
+from broken import performer_trig_unreduced_arguments, retnet_decays_in_the_input_dtype
 
 import gramcheck.agreement as A
 from gramcheck.api import check
+from gramcheck.precision import round_to
 from gramcheck.properties.accuracy import low_precision
 from gramcheck.properties.state import state_agreement
 from gramcheck.strategies import AttentionInputs
@@ -113,6 +114,45 @@ def _agreement(ex: AttentionInputs, name: str = "performer-positive"):
     return A.check_agreement(
         "agreement", out, t.variant, ex.q, ex.k, ex.v, causal=False, dtype=ex.dtype, **t.params, **ex.extras
     )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_decay_schedules_are_constants_not_inputs(dtype):
+    """RetNet's gamma_h = 1 - 2^(-5-h) and the lags n - m are host constants: lifted as inputs, the naive
+    definition rounded them to the dtype (in bfloat16 heads h >= 4 stopped decaying; its error reached 24%
+    on head 4 at N = 300) and the rule then passed a target whose decays are held in bfloat16 (in float16
+    head 7's 1 - 2^-12 is a tie that rounds to 1). The builtin passes; that target fails."""
+    rng = np.random.default_rng(3)
+    q, k, v = (round_to(rng.standard_normal((1, 8, 300, 16)), dtype) for _ in range(3))
+    t = builtin("retnet", dtype=dtype)
+    import torch
+
+    def run(fn):
+        x = [torch.as_tensor(a).to(getattr(torch, dtype)) for a in (q, k, v)]
+        out = fn(*x, causal=True).double().numpy()
+        return A.check_agreement("agreement", out, t.variant, q, k, v, causal=True, dtype=dtype, **t.params)
+
+    assert run(lambda *x, causal: t.fn(*x, causal=causal)).passed
+    broken = run(retnet_decays_in_the_input_dtype)
+    assert not broken.passed and broken.measured > 2, broken.details
+
+
+def test_decays_held_in_bfloat16_fail_backward_agreement():
+    """The definition's own bfloat16 gradient (backward agreement's yardstick) holds the decay schedule in
+    float32 (``TorchDefinition.const``); with it rounded to bfloat16 as an input, this target passed."""
+    from gramcheck.autodiff import TorchDefinition
+
+    ar = TorchDefinition("bfloat16")
+    assert str(ar.const(np.array([1 - 2.0**-9])).dtype) == "torch.float32" and ar.const(0.5) == 0.5
+    r = check(
+        retnet_decays_in_the_input_dtype,
+        "retnet",
+        causal=True,
+        dtype="bfloat16",
+        properties=["backward-agreement"],
+        domain={"max_h": 8, "max_n": 300, "examples": 12},
+    )
+    assert not r.passed and r.findings[0].measured > 1.2, r.summary()
 
 
 def _constants_rounded_to_the_dtype(monkeypatch):

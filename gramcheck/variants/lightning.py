@@ -64,7 +64,7 @@ def reference(
     B, H, N, dk = q.shape
     lg = np.broadcast_to(log_decays(H, layer_idx, num_layers)[:, None, None], (B, H, N, 1))
     s = scale_value(ar, scale, dk)
-    out, state = gated_scan(ar, q * s, k, v, ar.asarray(lg), initial_state)
+    out, state = gated_scan(ar, q * s, k, v, ar.const(lg), initial_state)
     return (out, state) if output_final_state else out
 
 

@@ -58,24 +58,24 @@ def reference(
     B, H, N, dk = q.shape
     s = scale_value(ar, scale, dk)
     if causal and (initial_state is not None or output_final_state):
-        alpha = ar.asarray(np.broadcast_to(head_gammas(H, gamma)[None, :, None, None], (B, H, N, 1)))
+        alpha = ar.const(np.broadcast_to(head_gammas(H, gamma)[None, :, None, None], (B, H, N, 1)))
         out, final = gated_recurrence(ar, q * s, k, v, alpha, initial_state, output_final_state=True)
         if group_norm:
             out = standardise(ar, out, norm_eps)
         return (out, final) if output_final_state else out
     lags = np.arange(N)[:, None] - np.arange(N)[None, :]
     keep = causal_keep(N)
-    log_gamma = ar.log(ar.asarray(head_gammas(H, gamma)))[:, None, None]  # (H, 1, 1)
-    decay = ar.fill(ar.exp(log_gamma * ar.asarray(np.where(keep, lags, 0).astype(np.float64))), keep, 0.0)
+    log_gamma = ar.log(ar.const(head_gammas(H, gamma)))[:, None, None]  # (H, 1, 1)
+    decay = ar.fill(ar.exp(log_gamma * ar.const(np.where(keep, lags, 0))), keep, 0.0)
     out = ar.matmul(ar.matmul(q, ar.mT(k)) * s * decay, v)
     if initial_state is not None:
-        into = ar.exp(log_gamma * ar.asarray(np.arange(1.0, N + 1.0)[:, None]))  # (H, N, 1): gamma^{t+1}
+        into = ar.exp(log_gamma * ar.const(np.arange(1.0, N + 1.0)[:, None]))  # (H, N, 1): gamma^{t+1}
         out = out + ar.matmul(q * into, initial_state) * s
     if group_norm:
         out = standardise(ar, out, norm_eps)
     if not output_final_state:
         return out
-    to_end = ar.exp(log_gamma * ar.asarray(np.arange(N - 1.0, -1.0, -1.0)[:, None]))  # gamma^{N-1-m}
+    to_end = ar.exp(log_gamma * ar.const(np.arange(N - 1.0, -1.0, -1.0)[:, None]))  # gamma^{N-1-m}
     final = ar.matmul(ar.mT(k * to_end), v)
     if initial_state is not None:
         final = final + ar.exp(log_gamma * float(N)) * initial_state
