@@ -552,10 +552,10 @@ class _ModelBackend(_F64Backend):
     over it bounds, to first order, the rounding error of the same formula evaluated in that format."""
 
     def __init__(self, dtype: Any):
-        from .precision import dtype_name, smallest_subnormal, unit_roundoff
+        from .precision import dtype_name, underflow_unit, unit_roundoff
 
         self.u = unit_roundoff(dtype) + math.ldexp(1.0, -53)
-        self.eta = smallest_subnormal(dtype)
+        self.eta = underflow_unit(dtype)
         self.name = f"model-{dtype_name(dtype)}"
 
 

@@ -205,6 +205,21 @@ def test_trigonometric_favor_denominators_cancelling_below_the_features_rounding
     assert low_precision(builtin("performer-trig", dtype="bfloat16"), ex, causal=True).passed
 
 
+# --- underflow ----------------------------------------------------------------------------------------
+def test_the_chunked_delta_rule_from_a_large_state_at_subnormal_outputs(monkeypatch):
+    """Gated DeltaNet from a state 190 times its updates, decays of e^-29 and e^-74 at tokens 3-4 (seed 1,
+    float32): the output there is 3e-45 and the chunked algorithm (the builtin's, fla's) cancels subnormal
+    terms to get it, erring 4.4e-44. Against the recurrence's bound with gradual underflow's eta (1.2e-44)
+    it failed at 3.53; the model's eta is float32's flushing unit 2^-126 (tests/test_underflow.py)."""
+    import gramcheck.precision as P
+
+    ex = _example("gated_deltanet_state_underflow", "float32", "outliers")
+    t = builtin("gated-deltanet", dtype="float32")
+    assert state_agreement(t, ex, causal=True).measured < 0.2
+    monkeypatch.setattr(P, "underflow_unit", P.smallest_subnormal)
+    assert state_agreement(t, ex, causal=True).measured > 3
+
+
 # --- false alarms still open ------------------------------------------------------------------------
 @pytest.mark.xfail(strict=True, reason="open false alarm: trigonometric FAVOR+ denominators cancel below bfloat16")
 def test_trigonometric_favor_with_vanishing_denominators_at_d_1():
@@ -218,12 +233,3 @@ def test_trigonometric_favor_with_vanishing_denominators_at_d_1():
         "agreement", out, t.variant, ex.q, ex.k, ex.v, causal=True, dtype="bfloat16", **t.params, **ex.extras
     )
     assert f.passed, f.details
-
-
-@pytest.mark.xfail(strict=True, reason="open false alarm: the chunked delta rule rounds beyond the recurrence's bound")
-def test_the_chunked_delta_rule_from_a_large_state_at_subnormal_outputs():
-    """Gated DeltaNet from a state 190 times its updates, decays of e^-29 and e^-74 at tokens 3-4 (seed 1,
-    float32): the output there is 3e-45 and the chunked algorithm (the builtin's, fla's) cancels larger
-    terms to get it, erring 4.4e-44 against the recurrence's rounding bound of 1.2e-44 (3.53)."""
-    ex = _example("gated_deltanet_state_underflow", "float32", "outliers")
-    assert state_agreement(builtin("gated-deltanet", dtype="float32"), ex, causal=True).passed
