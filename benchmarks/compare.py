@@ -8,6 +8,7 @@ kernel printed first. Run from the repository root:
     python benchmarks/compare.py check [--rounds 2]
     python benchmarks/compare.py variants [--limit 600]   (the ci check of every builtin variant, one process each)
     OMP_NUM_THREADS=1 python benchmarks/compare.py share [--variants ...]   (where a ci check spends its CPU)
+    OMP_NUM_THREADS=1 python benchmarks/compare.py spectra [--n 2048 4096] [--rounds 2]
 
 ``memory`` runs every entry in a fresh subprocess and reports the peak resident set size (ru_maxrss)
 above the RSS just before the call (after a warm-up call at N = 64): torch's CPU allocator does not go
@@ -409,12 +410,39 @@ def cmd_share(args: argparse.Namespace) -> None:
         print(f"| {name} | {total:.1f} s | " + " | ".join(cells) + " |", flush=True)
 
 
+def cmd_spectra(args: argparse.Namespace) -> None:
+    """The Gram spectrum of phi(Q) phi(K)^T (m = 256 positive features) from its factors against a dense
+    SVD of the N x N matrix, with the largest difference of the two spectra relative to s_1."""
+    import numpy as np
+
+    from gramcheck import spectra
+
+    m = 256
+    for n in [x for x in args.n if x <= 4096]:  # dense needs 8 N^2 bytes per copy and O(N^3) time
+        rng = np.random.default_rng(0)
+        fq, fk = (np.abs(rng.standard_normal((n, m))) + 0.1 for _ in range(2))
+        gram = fq @ fk.T
+        res = interleaved(
+            {
+                "factor spectrum (QR of each factor, SVD of the m x m core)": partial(
+                    spectra.factor_spectrum, fq, fk, precision="float64"
+                ),
+                "dense SVD of the N x N Gram matrix": partial(spectra.dense_spectrum, gram),
+            },
+            args.rounds,
+        )
+        fact, dense = spectra.factor_spectrum(fq, fk, precision="float64"), spectra.dense_spectrum(gram)
+        r = min(fact.rank, dense.rank)
+        rel = float(np.max(np.abs(dense.values[:r] - fact.values[:r])) / dense.values[0])
+        table(f"Gram spectrum, N={n}, m={m} (max |difference| / s_1 = {rel:.1e})", res, next(iter(res)))
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "_rss":
         _rss(sys.argv[2], int(sys.argv[3]))
         return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["forms", "memory", "oracle", "check", "variants", "share"])
+    ap.add_argument("what", choices=["forms", "memory", "oracle", "check", "variants", "share", "spectra"])
     ap.add_argument("--n", type=int, nargs="+", default=[1024, 4096, 16384])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--variants", nargs="+", help="variants: the builtin variants to check (default: all)")
@@ -423,7 +451,7 @@ def main() -> None:
     args = ap.parse_args()
     print(environment())
     commands = {"forms": cmd_forms, "memory": cmd_memory, "oracle": cmd_oracle, "check": cmd_check,
-                "variants": cmd_variants, "share": cmd_share}  # fmt: skip
+                "variants": cmd_variants, "share": cmd_share, "spectra": cmd_spectra}  # fmt: skip
     commands[args.what](args)
 
 
