@@ -253,6 +253,8 @@ def cmd_oracle(args: argparse.Namespace) -> None:
                 "truth (digits=6, as the accuracy property)": partial(truth, name, q, k, v, digits=6, **kw),
                 "truth (atol = 1% of the float32 bound)": partial(truth, name, q, k, v, digits=None, atol=atol, **kw),
                 "float32 rounding bound": partial(rounding_bound, name, q, k, v, dtype="float32", **kw),
+                "agreement's oracle, two passes (bound, then truth)": partial(_two_passes, name, q, k, v, kw),
+                "agreement's oracle, one pass (bound and certificate)": partial(_one_pass, name, q, k, v, kw),
             },
             args.rounds,
         )
@@ -262,6 +264,27 @@ def cmd_oracle(args: argparse.Namespace) -> None:
             "plain float64 reference",
         )
     cmd_oracle_ill(args)
+
+
+def _two_passes(name: str, q: Any, k: Any, v: Any, kw: dict[str, Any]) -> Any:
+    """check_agreement's oracle before the one-pass certificate: the rounding bound, then the truth."""
+    from gramcheck.agreement import rounding_bound
+    from gramcheck.oracle import truth
+
+    bound = rounding_bound(name, q, k, v, dtype="float32", **kw)
+    return truth(name, q, k, v, digits=None, atol=0.01 * bound, **kw)
+
+
+def _one_pass(name: str, q: Any, k: Any, v: Any, kw: dict[str, Any]) -> Any:
+    """check_agreement's oracle: one rounding-model pass, whose scaled radii certify the float64 value
+    (proofs/ball-arithmetic.md, "One pass for the rounding bound and the truth"); the truth only where not."""
+    from gramcheck.agreement import rounding_evaluation
+    from gramcheck.oracle import truth, truth_given
+
+    ev = rounding_evaluation(name, q, k, v, dtype="float32", **kw)
+    if ev.certificate is None:
+        return truth(name, q, k, v, digits=None, atol=0.01 * ev.bound, **kw)
+    return truth_given(name, q, k, v, ev.certificate, digits=None, atol=0.01 * ev.bound, **kw)
 
 
 def ill_inputs(causal: bool, B: int = 3, H: int = 2, N: int = 24, d: int = 4) -> tuple[Any, ...]:

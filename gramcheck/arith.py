@@ -477,7 +477,8 @@ class BallArith(Arith):
         r = np.where(pick, a.rad, b.rad)
         # where the ball of x straddles 0 the exact value may sit on the other branch: cover both
         straddle = np.asarray(np.abs(x.mid) <= x.rad, dtype=bool)
-        both = np.where(_gt(a.rad, b.rad), a.rad, b.rad) + np.abs(a.mid - b.mid)
+        # two roundings (the difference, the sum) on non-negative terms: inflated as every radius is
+        both = self._inflate(np.where(_gt(a.rad, b.rad), a.rad, b.rad) + np.abs(a.mid - b.mid), 2)
         return Ball(self, y, np.where(straddle, both, r))
 
     # structure ---------------------------------------------------------------------------------
@@ -559,9 +560,55 @@ class _ModelBackend(_F64Backend):
         self.name = f"model-{dtype_name(dtype)}"
 
 
-def rounding_model(dtype: Any) -> BallArith:
+class RoundingModel(BallArith):
+    """Ball arithmetic whose radii model rounding in ``dtype``: midpoints in float64, radii at the
+    dtype's unit roundoff u' = u_dtype + 2^-53 and underflow unit eta'.
+
+    Its midpoints are the float64 evaluation of the formula, and its radii, scaled by ``float64_scale``
+    (the least power of two lambda >= 2^-53 / u' with 2^-1074 <= lambda eta'), bound that evaluation's
+    error from the exact value: every radius rule is r = P(input radii) + c u |y| + eta with P(lambda r)
+    <= lambda P(r) for lambda <= 1, so by induction the float64 ball's radii stay below lambda times this
+    one's (proofs/ball-arithmetic.md, "One pass for the rounding bound and the truth"). Two rules break
+    the induction: a branch (``where_pos``) whose ball straddles the branch point with different branch
+    values, and a square root whose ball reaches 0; ``scales`` turns False where either occurred, and
+    ``float64_certificate`` then returns None."""
+
+    def __init__(self, dtype: Any):
+        super().__init__(_ModelBackend(dtype))
+        lam = 2.0 ** math.ceil(math.log2(math.ldexp(1.0, -53) / self.b.u))
+        while lam * self.b.u < math.ldexp(1.0, -53):  # guard against log2's rounding
+            lam *= 2.0
+        self.float64_scale = max(lam, math.ldexp(1.0, -1074) / self.b.eta)  # both powers of two
+        self.scales = self.float64_scale <= 1.0
+
+    def sqrt(self, x: Ball) -> Ball:
+        # the rule for a ball reaching 0, sqrt(|m| + r), does not scale with r (sqrt is concave)
+        reaches_zero = ~_gt(x.mid - x.rad, 0) & ((x.mid != 0) | (x.rad != 0))
+        self.scales = self.scales and not bool(np.any(reaches_zero))
+        return super().sqrt(x)
+
+    def where_pos(self, x: Ball, a: Any, b: Any) -> Ball:
+        # a straddling ball adds |m_a - m_b|, which does not scale with the radii
+        a, b = self._lift(a), self._lift(b)
+        straddle = np.asarray(np.abs(x.mid) <= x.rad, dtype=bool)
+        self.scales = self.scales and not bool(np.any(straddle & (a.mid != b.mid)))
+        return super().where_pos(x, a, b)
+
+    def float64_certificate(self, x: Ball) -> tuple[np.ndarray, np.ndarray] | None:
+        """(value, bound) with |value - exact| <= bound entrywise: the float64 midpoints (the formula
+        evaluated in float64) and the radius scaled by ``float64_scale``, rounded up; None where the scaling
+        does not hold (``scales``). A non-finite value or radius proves nothing (bound inf)."""
+        if not self.scales:
+            return None
+        value = self.to_float64(x)
+        bound = np.ldexp(self.radius(x), int(math.log2(self.float64_scale)))
+        bound = np.where(bound < 2.0**-1022, np.nextafter(bound, np.inf), bound)  # subnormal: rounded
+        return value, np.where(np.isfinite(value), bound, np.inf)
+
+
+def rounding_model(dtype: Any) -> RoundingModel:
     """Ball arithmetic whose radii model rounding in ``dtype`` (unit roundoff u, underflow unit eta)."""
-    return BallArith(_ModelBackend(dtype))
+    return RoundingModel(dtype)
 
 
 class ProbabilisticModel(BallArith):

@@ -85,12 +85,7 @@ def truth(
     tensor instead of the batch items and causal prefix that fell short (same truth, more work).
     """
     var = _variants.get(variant)
-    if digits is None and atol is None:
-        raise ValueError("digits: got None with atol None; expected an accuracy request")
-    if digits is not None and (isinstance(digits, bool) or not math.isfinite(float(digits)) or digits <= 0):
-        raise ValueError(f"digits: got {digits!r}; expected a positive finite number of decimal digits or None")
-    if atol is not None and np.any(np.isnan(np.asarray(atol, dtype=np.float64))):
-        raise ValueError("atol: got NaN entries; expected non-negative tolerances")
+    _check_request(digits, atol)
     tried: list[str] = []
 
     certified = var.enclosure(q, k, v, causal=causal, **kwargs)  # the variant's own, where ball radii wrap
@@ -138,6 +133,52 @@ def truth(
         # entries outside the slice kept their float64 certificate, which met the request
         met = met and not bool(need[_outside(idx, need.shape)].any())
     return Truth(value, bound, ar.name, prec, met, undefined, tried)
+
+
+def truth_given(
+    variant: Any,
+    q: Any,
+    k: Any,
+    v: Any,
+    certified: tuple[np.ndarray, np.ndarray],
+    *,
+    causal: bool = False,
+    digits: float | None = 10.0,
+    atol: Any = None,
+    max_prec: int = 2048,
+    **kwargs: Any,
+) -> Truth:
+    """``truth`` for a caller that already holds a float64 certificate ``certified`` = (value, bound) of
+    the exact output, |value - exact| <= bound entrywise (the rounding model's,
+    ``arith.RoundingModel.float64_certificate``): the entries it meets are returned as they are, and
+    ``truth`` computes the others, on the batch items (and causal prefix) that hold them
+    (``_escalation_slice``), or on the whole problem where that is no larger."""
+    var = _variants.get(variant)
+    _check_request(digits, atol)
+    value, bound = (np.asarray(x, dtype=np.float64) for x in certified)
+    finite = np.isfinite(value)
+    need = (bound > _tolerance(np.where(finite, value, 0.0), digits, atol)) | ~finite
+    if not need.any():
+        return Truth(value, bound, "float64", 53, True, ~finite, ["float64 (given)"])
+    sub = _escalation_slice(var, need, (q, k, v), causal=causal, kwargs=kwargs)
+    if sub is None:
+        return truth(var, q, k, v, causal=causal, digits=digits, atol=atol, max_prec=max_prec, **kwargs)
+    idx, (qs, ks, vs, kw) = sub
+    atol_s = _atol_slice(atol, value.shape, idx)
+    t = truth(var, qs, ks, vs, causal=causal, digits=digits, atol=atol_s, max_prec=max_prec, **kw)
+    value, bound, undefined = value.copy(), bound.copy(), ~finite
+    value[idx], bound[idx], undefined[idx] = t.value, t.bound, t.undefined
+    met = t.met and not bool(need[_outside(idx, need.shape)].any())
+    return Truth(value, bound, t.arithmetic, t.prec, met, undefined, ["float64 (given)", *t.tried])
+
+
+def _check_request(digits: float | None, atol: Any) -> None:
+    if digits is None and atol is None:
+        raise ValueError("digits: got None with atol None; expected an accuracy request")
+    if digits is not None and (isinstance(digits, bool) or not math.isfinite(float(digits)) or digits <= 0):
+        raise ValueError(f"digits: got {digits!r}; expected a positive finite number of decimal digits or None")
+    if atol is not None and np.any(np.isnan(np.asarray(atol, dtype=np.float64))):
+        raise ValueError("atol: got NaN entries; expected non-negative tolerances")
 
 
 def _shortfall_bits(bound: np.ndarray, tol: np.ndarray, *, default: int) -> int:
@@ -196,4 +237,6 @@ def _escalation_slice(
 
     qs = tuple(np.asarray(x)[take] for x in qkv)
     kw = {n: (cut(x, names[n]) if n in names and x is not None else x) for n, x in kwargs.items()}
+    if kwargs.get("initial_state") is not None:  # one state (B, H, d_k, d_v) per batch item, before token 0
+        kw["initial_state"] = np.asarray(kwargs["initial_state"])[batch]
     return (batch, slice(None), slice(0, prefix)), (*qs, kw)
