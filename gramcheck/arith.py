@@ -25,7 +25,7 @@ from typing import Any
 import mpmath
 import numpy as np
 
-from .precision import PROBABILISTIC_LAMBDA, gamma, gamma_tilde, mp_precision
+from .precision import PROBABILISTIC_LAMBDA, gamma, gamma_tilde, mp_precision, round_to
 
 Array = Any  # an ndarray (float64 or object of mpf) or a Ball
 
@@ -155,6 +155,13 @@ class Arith:
         (scales, decay schedules, lags), held as each arithmetic's kernels hold it (``RoundedArith``:
         exact until it meets a tensor), never rounded to a target dtype as ``asarray`` inputs are."""
         return self.b.scalar(c) if np.ndim(c) == 0 else self.b.asarray(c)
+
+    def held(self, x: Array) -> Array:
+        """x as a kernel holds a recurrence's state and decays: in float32 registers (at least), where
+        the state is updated and decayed without rounding to a 16-bit dtype (fla's kernels and its naive
+        references alike). Only the arithmetics of a target's dtype act on it (``RoundedArith``,
+        ``TorchDefinition``); every other arithmetic returns x."""
+        return x
 
     def to_float64(self, x: Array) -> np.ndarray:
         return self.b.to_float64(x)
@@ -292,15 +299,17 @@ def _gt(x: Any, c: float) -> np.ndarray:
 class Ball:
     """A midpoint-radius enclosure: the exact value lies in [mid - rad, mid + rad] entrywise. ``exact``
     marks a ball known to have radius 0 everywhere (a lifted input or constant, or a slice or
-    rearrangement of one), so that operations can skip its radius terms without looking at them."""
+    rearrangement of one), so that operations can skip its radius terms without looking at them.
+    ``held`` marks a value a kernel holds in float32 (``Arith.held``; only ``RoundedArith`` reads it)."""
 
     __array_ufunc__ = None  # make numpy defer to our reflected operators
 
-    def __init__(self, ar: BallArith, mid: Any, rad: Any, exact: bool = False):
+    def __init__(self, ar: BallArith, mid: Any, rad: Any, exact: bool = False, held: bool = False):
         self.ar = ar
         self.mid = mid
         self.rad = rad
         self.exact = exact
+        self.held = held
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -311,10 +320,10 @@ class Ball:
         return len(self.shape)
 
     def __getitem__(self, idx: Any) -> Ball:
-        return Ball(self.ar, self.mid[idx], self.rad[idx], self.exact)
+        return Ball(self.ar, self.mid[idx], self.rad[idx], self.exact, self.held)
 
     def reshape(self, *shape: Any) -> Ball:
-        return Ball(self.ar, np.reshape(self.mid, shape), np.reshape(self.rad, shape), self.exact)
+        return Ball(self.ar, np.reshape(self.mid, shape), np.reshape(self.rad, shape), self.exact, self.held)
 
     def __add__(self, o: Any) -> Ball:
         return self.ar._add(self, self.ar._lift(o))
@@ -328,7 +337,7 @@ class Ball:
         return self.ar._add(self.ar._lift(o), -self)
 
     def __neg__(self) -> Ball:
-        return Ball(self.ar, -self.mid, self.rad, self.exact)
+        return Ball(self.ar, -self.mid, self.rad, self.exact, self.held)
 
     def __mul__(self, o: Any) -> Ball:
         return self.ar._mul(self, self.ar._lift(o))
@@ -483,20 +492,21 @@ class BallArith(Arith):
 
     # structure ---------------------------------------------------------------------------------
     def mT(self, x: Ball) -> Ball:
-        return Ball(self, np.swapaxes(x.mid, -1, -2), np.swapaxes(x.rad, -1, -2), x.exact)
+        return Ball(self, np.swapaxes(x.mid, -1, -2), np.swapaxes(x.rad, -1, -2), x.exact, x.held)
 
     def fill(self, x: Ball, keep: np.ndarray, value: float) -> Ball:
-        return Ball(self, np.where(keep, x.mid, self.b.scalar(value)), np.where(keep, x.rad, 0), x.exact)
+        return Ball(self, np.where(keep, x.mid, self.b.scalar(value)), np.where(keep, x.rad, 0), x.exact, x.held)
 
     def concat(self, xs: Sequence[Ball], axis: int = -1) -> Ball:
         bs = [self._lift(x) for x in xs]
-        exact = all(b.exact for b in bs)
-        return Ball(self, np.concatenate([b.mid for b in bs], axis), np.concatenate([b.rad for b in bs], axis), exact)
+        exact, held = all(b.exact for b in bs), all(b.held for b in bs)
+        mid, rad = np.concatenate([b.mid for b in bs], axis), np.concatenate([b.rad for b in bs], axis)
+        return Ball(self, mid, rad, exact, held)
 
     def stack(self, xs: Sequence[Ball], axis: int = 0) -> Ball:
         bs = [self._lift(x) for x in xs]
-        exact = all(b.exact for b in bs)
-        return Ball(self, np.stack([b.mid for b in bs], axis), np.stack([b.rad for b in bs], axis), exact)
+        exact, held = all(b.exact for b in bs), all(b.held for b in bs)
+        return Ball(self, np.stack([b.mid for b in bs], axis), np.stack([b.rad for b in bs], axis), exact, held)
 
     def zeros(self, shape: tuple[int, ...]) -> Ball:
         return self._lift(np.zeros(shape))
@@ -675,8 +685,11 @@ class RoundedArith(BallArith):
     float64) and rounded once, as a float32 kernel, or a bf16/fp16 matmul with float32 accumulation,
     does. Scalar constants are computed in float64 and cast to float32 where they meet a tensor, as
     host code and torch's opmath do (``_r``, ``_pair``). Radii stay zero: this is a plain arithmetic that
-    reuses Ball's operators. It is the naive reference of the low-precision rule
-    (proofs/low-precision-rule.md, "Constants as kernels compute them"). ``wide_range`` rounds to the
+    reuses Ball's operators. A value marked ``held`` (a recurrence's state and decays) and every result
+    computed from one is rounded to float32 instead (a kernel reads its state out in float32; fla's
+    chunked kernels cast it to the dtype once per chunk, not per token). It is the naive
+    reference of the low-precision rule (proofs/low-precision-rule.md, "Constants as kernels compute
+    them", "States and decays in float32"). ``wide_range`` rounds to the
     dtype's significand in float64's exponent range, which tells the dtype's rounding from its
     underflow and overflow."""
 
@@ -687,8 +700,17 @@ class RoundedArith(BallArith):
 
         super().__init__(_F64Backend())
         self.dtype = dtype_name(dtype)
+        self.held_dtype = "float64" if self.dtype == "float64" else "float32"
         self.wide_range = wide_range
         self.name = f"rounded-{self.dtype}" + ("-wide" if wide_range else "")
+
+    def held(self, x: Any) -> Ball:
+        x = self._lift(x)
+        return Ball(self, x.mid, x.rad, x.exact, held=True)
+
+    def stored(self, x: Ball) -> np.ndarray:
+        """The output as a kernel stores it, in the dtype (a held output is rounded once more)."""
+        return round_to(self.to_float64(x), self.dtype, wide_range=self.wide_range)
 
     def _r(self, y: Any, *operands: Ball) -> Ball:
         """y rounded to the dtype; an operation on constants only (``exact`` balls: ``const`` and the Python
@@ -696,9 +718,11 @@ class RoundedArith(BallArith):
         d^-1/2, 1/sqrt(m)) in host floating point before they meet a tensor."""
         from .precision import round_to
 
+        held = any(o.held for o in operands)
         if operands and all(o.exact for o in operands):
-            return Ball(self, np.asarray(y, dtype=np.float64), np.zeros(np.shape(y)), exact=True)
-        return Ball(self, round_to(y, self.dtype, wide_range=self.wide_range), np.zeros(np.shape(y)))
+            return Ball(self, np.asarray(y, dtype=np.float64), np.zeros(np.shape(y)), exact=True, held=held)
+        to = self.held_dtype if held else self.dtype
+        return Ball(self, round_to(y, to, wide_range=self.wide_range), np.zeros(np.shape(y)), held=held)
 
     def _pair(self, a: Ball, b: Ball) -> tuple[Any, Any]:
         """The operands' values as an elementwise kernel sees them: a constant meeting a tensor is cast to
@@ -748,16 +772,22 @@ class RoundedArith(BallArith):
         e = self._exponent(x.mid, axis)
         out = self._in_float32(np.sum, np.ldexp(x.mid, -e), axis=axis, keepdims=True)
         out = np.ldexp(out, e)
-        return self._r(out if keepdims else np.squeeze(out, axis=axis))
+        return self._r(out if keepdims else np.squeeze(out, axis=axis), self._tensor(x))
 
     def cumsum(self, x: Ball, axis: int) -> Ball:
         e = self._exponent(x.mid, axis)
-        return self._r(np.ldexp(self._in_float32(np.cumsum, np.ldexp(x.mid, -e), axis=axis), e))
+        return self._r(np.ldexp(self._in_float32(np.cumsum, np.ldexp(x.mid, -e), axis=axis), e), self._tensor(x))
 
     def matmul(self, a: Any, b: Any) -> Ball:
         a, b = self._lift(a), self._lift(b)
         ea, eb = self._exponent(a.mid, -1), self._exponent(b.mid, -2)
-        return self._r(np.ldexp(self._in_float32(np.matmul, np.ldexp(a.mid, -ea), np.ldexp(b.mid, -eb)), ea + eb))
+        y = np.ldexp(self._in_float32(np.matmul, np.ldexp(a.mid, -ea), np.ldexp(b.mid, -eb)), ea + eb)
+        return self._r(y, self._tensor(a), self._tensor(b))
+
+    @staticmethod
+    def _tensor(x: Ball) -> Ball:
+        """x as an operand of a reduction, which a kernel computes on tensors (never exact in float64)."""
+        return Ball(x.ar, x.mid, x.rad, False, x.held)
 
     # Accumulations run in float32 below float64, as kernels accumulate (products of bfloat16 and float16
     # values are exact there). Under ``wide_range`` the operands are first scaled by powers of two into

@@ -48,13 +48,24 @@ class TorchDefinition(TorchArith):
         work = torch.promote_types(self.dtype, torch.float32)
         return torch.as_tensor(np.array(c, dtype=np.float64)).to(dtype=work, device=self.device)
 
+    def held(self, x: Any) -> Any:
+        """A recurrence's state or decays, held in float32 below float32 (``Arith.held``)."""
+        import torch
+
+        return x.to(torch.promote_types(self.dtype, torch.float32))
+
+    def stored(self, x: Any) -> Any:
+        """The output as a kernel stores it, in the dtype (``RoundedArith.stored``)."""
+        return x.to(self.dtype)
+
     def matmul(self, a: Any, b: Any) -> Any:
-        """a @ b; an operand that met a float32 constant is rounded back to the dtype first, as a kernel
-        casts its float32 tile before a 16-bit matmul."""
-        if a.dtype != self.dtype:
-            a = a.to(self.dtype)
-        if b.dtype != self.dtype:
-            b = b.to(self.dtype)
+        """a @ b; of two operands of different dtypes (one met a float32 constant, or is a held state)
+        the narrower is promoted, as ``RoundedArith`` computes a product with a held operand in float32."""
+        if a.dtype != b.dtype:
+            import torch
+
+            wide = torch.promote_types(a.dtype, b.dtype)
+            a, b = a.to(wide), b.to(wide)
         return a @ b
 
     def zeros(self, shape: tuple[int, ...]) -> Any:

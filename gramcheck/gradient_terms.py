@@ -140,6 +140,10 @@ class TermArith:
     def const(self, c: float) -> Var:
         return Var(self, c)
 
+    def held(self, x: Any) -> Var:
+        """Sizes of terms do not depend on the dtype a state is held in (``Arith.held``)."""
+        return self.asarray(x)
+
     def zeros(self, shape: tuple[int, ...]) -> Var:
         return Var(self, np.zeros(shape))
 

@@ -27,8 +27,8 @@ def gated_scan(ar: Any, q: Any, k: Any, v: Any, log_alpha: Any, initial_state: A
     o_t = S_t^T q_t. q, k (B, H, N, d_k), v (B, H, N, d_v), log_alpha (B, H, N, d_k) or (B, H, N, 1),
     initial_state (B, H, d_k, d_v) in ``ar``. Returns o (B, H, N, d_v) and S_N (B, H, d_k, d_v)."""
     B, H, N, dk = q.shape
-    state = ar.zeros((B, H, dk, v.shape[-1])) if initial_state is None else initial_state
-    alpha = ar.exp(log_alpha)
+    state = ar.held(ar.zeros((B, H, dk, v.shape[-1])) if initial_state is None else initial_state)
+    alpha = ar.exp(ar.held(log_alpha))
     outs = []
     for t in range(N):
         state = alpha[:, :, t, :, None] * state + k[:, :, t, :, None] * v[:, :, t, None, :]

@@ -31,6 +31,10 @@ class TorchArith:
     def const(self, c: float) -> float:
         return float(c)
 
+    def held(self, x: Any) -> Any:
+        """A recurrence's state or decays: production forms hold them as they choose (``Arith.held``)."""
+        return x
+
     def exp(self, x: Any) -> Any:
         return _torch().exp(x) if not isinstance(x, float) else math.exp(x)
 

@@ -187,6 +187,28 @@ def gla_transposed_state(q, k, v, *, causal, g, initial_state=None, output_final
     return res
 
 
+def _gla_with_state(q, k, v, g, initial_state, output_final_state):
+    kw = {"initial_state": initial_state, "output_final_state": output_final_state}
+    return V.get("gla").torch(q, k, v, causal=True, g=g, **kw)
+
+
+def gla_final_state_halved(q, k, v, *, causal, g, initial_state=None, output_final_state=False):
+    """GLA whose returned final state is half the true one past 64 tokens (outputs right)."""
+    res = _gla_with_state(q, k, v, g, initial_state, output_final_state)
+    if output_final_state and q.shape[-2] > 64:
+        return res[0], res[1] * 0.5
+    return res
+
+
+def gla_initial_state_undecayed(q, k, v, *, causal, g, initial_state=None, output_final_state=False):
+    """GLA that adds S_0 to its final state without S_0's decay through the sequence, past 64 tokens."""
+    res = _gla_with_state(q, k, v, g, initial_state, output_final_state)
+    if not output_final_state or initial_state is None or q.shape[-2] <= 64:
+        return res
+    lost = 1 - g.double().sum(-2).exp()  # (B, H, d_k)
+    return res[0], res[1] + (lost[..., None] * initial_state.double()).to(res[1].dtype)
+
+
 def _with_backward(forward, corrupt):
     """forward(*inputs) with its exact autograd backward, then ``corrupt(grads, inputs)`` applied: a custom
     autograd.Function whose forward is correct and whose backward is written separately (as kernels are)."""
@@ -215,6 +237,16 @@ def retnet_decays_in_the_input_dtype(q, k, v, *, causal):
 
     gamma = torch.as_tensor(head_gammas(q.shape[1]), dtype=q.dtype).double().tolist()
     return V.get("retnet").torch(q, k, v, causal=True, form="chunked", chunk_size=64, gamma=gamma)
+
+
+def gla_decays_five_percent_strong(q, k, v, *, causal, g):
+    """GLA whose log-decays are 5% too strong (g * 1.05): 2% off in norm with long-memory gates."""
+    return V.get("gla").torch(q, k, v, causal=True, form="chunked", chunk_size=64, g=(g.float() * 1.05).to(g.dtype))
+
+
+def mamba2_decays_five_percent_strong(q, k, v, *, causal, g):
+    """Mamba2 whose log-decays are 5% too strong."""
+    return V.get("mamba2").torch(q, k, v, causal=True, form="chunked", chunk_size=64, g=(g.float() * 1.05).to(g.dtype))
 
 
 def retnet_dv_missing_scale(q, k, v, *, causal):

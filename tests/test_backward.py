@@ -141,7 +141,7 @@ def test_naive_definition_measures_near_one_half():
     t0 = builtin("gla", dtype="bfloat16")
 
     def naive(q, k, v, *, causal, g):
-        return t0.variant.reference_fn(ar, q, k, v, causal=True, g=g, **t0.params)
+        return ar.stored(t0.variant.reference_fn(ar, q, k, v, causal=True, g=g, **t0.params))
 
     t = builtin("gla", dtype="bfloat16")
     t.fn = naive
@@ -149,7 +149,9 @@ def test_naive_definition_measures_near_one_half():
     f = backward_agreement(t, ex, causal=True)
     # the target is the naive reference: every entry measures e_x / (2 e_x + floor) <= 1/2
     assert f.passed and f.measured <= 0.5, f
-    assert f.measured > 0.15, f  # the floor is no more than ~2 e here: the bound is within ~3x of the naive error
+    # with the state held in float32 the naive error e is near the dtype's own roundings and the floor
+    # (4 u of the terms' size) about 6 e: the bound is within ~9x of the naive error
+    assert f.measured > 0.1, f
 
 
 def test_applies_to_every_form_whose_definition_is_smooth():

@@ -6,7 +6,15 @@ from typing import Any
 
 import numpy as np
 
-from ..agreement import LOW_PRECISION_K, check_agreement, naive_forms, rounding_noise, slice_magnitude, yardstick_error
+from ..agreement import (
+    LOW_PRECISION_K,
+    check_agreement,
+    naive_forms,
+    per_slice,
+    rounding_noise,
+    slice_magnitude,
+    yardstick_error,
+)
 from ..findings import Finding
 from ..oracle import truth
 from ..precision import unit_roundoff
@@ -59,26 +67,26 @@ def low_precision(target: Target, ex: AttentionInputs, *, causal: bool) -> Findi
     if not judged.any():
         return None  # every entry is rounding noise: this input judges nothing
     forms = naive_forms(var, ex.q, ex.k, ex.v, causal=causal, dtype=target.dtype, **kw)
+    u = unit_roundoff(target.dtype)
+    measured, details = -1.0, dict[str, Any]()
+    for at, j in per_slice(judged):  # each (batch, head) slice on its own; the worst one reported
 
-    def largest(diff: np.ndarray) -> float:  # over the judged entries, a NaN counted as inf
-        return float(np.max(np.where(judged, np.where(np.isnan(diff), np.inf, diff), 0.0), initial=0.0))
+        def largest(diff: np.ndarray, m: np.ndarray = j) -> float:  # over the judged entries, NaN as inf
+            return float(np.max(np.where(m, np.where(np.isnan(diff), np.inf, diff), 0.0), initial=0.0))
 
-    err_t = largest(np.abs(out - t.value))
-    err_n = yardstick_error(forms, t.value, judged, unit_roundoff(target.dtype), largest)
-    # the scale of the output: |truth|, or |v| where the truth cancels to (near) zero
-    scale = max(float(np.max(np.abs(value))), float(np.max(np.abs(ex.v))))
-    floor = LOW_PRECISION_FLOOR_ULPS * unit_roundoff(target.dtype) * scale
-    bound = LOW_PRECISION_K * err_n + floor
-    details: dict[str, Any] = {
-        "target_error": err_t,
-        "naive_error": err_n,
-        "k": LOW_PRECISION_K,
-        "floor": floor,
-        "noise_entries": int(noisy.sum()),
-    }
-    if not np.isfinite(bound):
-        details["note"] = "the naive reference is not finite in this dtype: the rule gives no bound"
-        measured = 0.0
-    else:
-        measured = float(err_t / bound) if bound > 0 else (0.0 if err_t == 0 else float("inf"))
+        err_t = largest(np.abs(out - t.value))
+        err_n = yardstick_error(forms, t.value, j, u, largest)
+        # the scale of the output: |truth|, or |v| where the truth cancels to (near) zero
+        scale = max(float(np.max(np.abs(value[at]))), float(np.max(np.abs(ex.v[at]))))
+        floor = LOW_PRECISION_FLOOR_ULPS * u * scale
+        bound = LOW_PRECISION_K * err_n + floor
+        if not np.isfinite(bound):
+            r, note = 0.0, "the naive reference is not finite in this dtype: the rule gives no bound"
+        else:
+            r, note = (float(err_t / bound) if bound > 0 else (0.0 if err_t == 0 else float("inf"))), None
+        if r > measured:
+            measured = r
+            details = {"target_error": err_t, "naive_error": err_n, "k": LOW_PRECISION_K, "floor": floor}
+            details.update({"slice": list(at)}, **({"note": note} if note else {}))
+    details["noise_entries"] = int(noisy.sum())
     return with_counterexample(Finding("low-precision", float(measured), 1.0, details=details), ex)

@@ -88,6 +88,7 @@ def definition_gradients(
     t = {n: ar.asarray(x).requires_grad_(n in names) for n, x in arrays.items()}
     with torch.enable_grad():
         res = _run_definition(target, ar, t, causal=causal, fn=fn)
+        res = (ar.stored(res[0]), res[1]) if isinstance(res, (tuple, list)) else ar.stored(res)
         loss = _loss(res, torch.as_tensor(w), None if ws is None else torch.as_tensor(ws))
         return _grads(loss, {n: t[n] for n in names})
 

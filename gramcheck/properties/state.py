@@ -20,10 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from ..agreement import REASSOCIATION_FACTOR
-from ..arith import BALL_F64, BallMP, rounding_model
+from ..agreement import REASSOCIATION_FACTOR, per_slice, slice_magnitude
+from ..arith import BALL_F64, F64, BallMP, RoundedArith, rounding_model
 from ..findings import Finding
-from ..precision import round_to
+from ..precision import round_to, unit_roundoff
 from ..strategies import AttentionInputs
 from ..targets import Target
 from .base import arrays_of, guarded
@@ -72,9 +72,12 @@ def state_truth(target: Target, ex: AttentionInputs, s0: np.ndarray | None, atol
     return vals, rads
 
 
-def state_bound(target: Target, ex: AttentionInputs, s0: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-    """2 R(u) of (out, S_N) computed from S_0 in the target's dtype (proofs/state-passing.md)."""
-    model = rounding_model(target.dtype)
+def state_bound(
+    target: Target, ex: AttentionInputs, s0: np.ndarray | None, dtype: str | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """2 R(u) of (out, S_N) computed from S_0 in the target's dtype, or in ``dtype``
+    (proofs/state-passing.md)."""
+    model = rounding_model(target.dtype if dtype is None else dtype)
     balls = _reference(target, ex, model, initial_state=s0)
     with model.context():
         out_b, st_b = (REASSOCIATION_FACTOR * np.asarray(model.radius(b), dtype=np.float64) for b in balls)
@@ -201,14 +204,119 @@ def state_agreement(target: Target, ex: AttentionInputs, *, causal: bool) -> Fin
     s0 = initial_state_of(target, ex)
     out, st = target.run(ex.q, ex.k, ex.v, causal=True, initial_state=s0, output_final_state=True, **ex.extras)
     b_out, b_st = state_bound(target, ex, s0)
-    (t_out, t_st), (r_out, r_st) = state_truth(target, ex, s0, (0.01 * b_out, 0.01 * b_st))
+    vac = vacuous(target, ex, s0, (b_out, b_st))
+    (t_out, t_st), (r_out, r_st) = state_truth(target, ex, s0, vac.truth_request((b_out, b_st)))
+    parts: dict[str, Any] = {
+        "out": (np.abs(out - t_out) + r_out, np.where(vac.unbounded[0], np.inf, b_out)),
+        "final_state": (np.abs(st - t_st) + r_st, np.where(vac.unbounded[1], np.inf, b_st)),
+    }
+    rule = vac.judgeable((r_out, r_st))
+    if any(m.any() for m in rule):
+        n_out, n_st = naive_with_state(target, ex, s0)
+        for name, mask, got, truth, rad, naive in (
+            ("out", rule[0], out, t_out, r_out, n_out),
+            ("final_state", rule[1], st, t_st, r_st, n_st),
+        ):
+            for idx, j, bound in rule_in_norm(mask, truth, rad, naive, vac.u):
+                parts[f"{name}[{','.join(map(str, idx))}]"] = NormPart((np.abs(got - truth) + rad)[idx][j], bound)
     return parts_finding(
         "state-agreement",
         ex,
-        {"out": (np.abs(out - t_out) + r_out, b_out), "final_state": (np.abs(st - t_st) + r_st, b_st)},
+        parts,
         token_axis={"out": 2},
         initial_state_max=float(np.max(np.abs(s0))),
+        **vac.counts(rule),
     )
+
+
+@dataclass(frozen=True)
+class Vacuous:
+    """Where the rounding bounds of (out, S_N) say nothing: not below half the magnitude of their
+    (batch, head) slice, as agreement decides (``agreement.slice_magnitude``)."""
+
+    out: np.ndarray
+    state: np.ndarray
+    sizes: tuple[np.ndarray, np.ndarray]
+    u: float
+    noise: tuple[np.ndarray, np.ndarray]
+
+    @property
+    def any(self) -> bool:
+        return bool(self.out.any() or self.state.any())
+
+    @property
+    def unbounded(self) -> tuple[np.ndarray, np.ndarray]:
+        """Entries the rounding bound does not judge: the rule's and the noise."""
+        return self.out | self.noise[0], self.state | self.noise[1]
+
+    def truth_request(self, bounds: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """1% of the bound where it judges; nothing more than float64 gives elsewhere (``judgeable``)."""
+        return tuple(np.where(m, np.inf, 0.01 * b) for m, b in zip((self.out, self.state), bounds, strict=True))  # type: ignore[return-value]
+
+    def judgeable(self, rads: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """The vacuous entries the rule in norm can judge: the truth known to u |slice| / 100 there (the
+        float64 truth; the delta rule's float64 balls wrap at moderate N, and mpmath balls there cost
+        minutes: such entries are counted as unjudged instead)."""
+        masks = (self.out, self.state)
+        return tuple(  # type: ignore[return-value]
+            m & (r <= self.u * size / 100) for m, r, size in zip(masks, rads, self.sizes, strict=True)
+        )
+
+    def counts(self, rule: tuple[np.ndarray, np.ndarray]) -> dict[str, dict[str, int]]:
+        names = ("out", "final_state")
+        return {
+            "vacuous_entries": {n: int(m.sum()) for n, m in zip(names, (self.out, self.state), strict=True)},
+            "noise_entries": {n: int(m.sum()) for n, m in zip(names, self.noise, strict=True)},
+            "unjudged_entries": {
+                n: int((m & ~j).sum()) for n, m, j in zip(names, (self.out, self.state), rule, strict=True)
+            },
+        }
+
+
+def vacuous(target: Target, ex: AttentionInputs, s0: np.ndarray | None, bounds: tuple[np.ndarray, ...]) -> Vacuous:
+    with np.errstate(all="ignore"):
+        a_out, a_st = (np.asarray(x, dtype=np.float64) for x in _reference(target, ex, F64, initial_state=s0))
+    sizes = slice_magnitude(a_out, ex.v), slice_magnitude(a_st, 0.0)
+    masks = [~(b < 0.5 * size) for b, size in zip(bounds, sizes, strict=True)]
+    # rounding noise, as agreement's gate: where even float32's bound says nothing (a result cancelling
+    # below float32's rounding), no kernel's error is more than noise; counted, not judged
+    u = unit_roundoff(target.dtype)
+    b32 = bounds if u <= unit_roundoff("float32") else state_bound(target, ex, s0, "float32")
+    noise = [m & ~(b < 0.5 * size) for m, b, size in zip(masks, b32, sizes, strict=True)]
+    return Vacuous(masks[0] & ~noise[0], masks[1] & ~noise[1], sizes, u, (noise[0], noise[1]))
+
+
+def naive_with_state(
+    target: Target, ex: AttentionInputs, s0: np.ndarray | None
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """([out], [S_N]) of the definition, then of each other standard algorithm of the variant
+    (``Variant.algorithms``), evaluated in the target's dtype (``RoundedArith``: the state held in
+    float32, the output stored in the dtype) from S_0: the low-precision rule's yardsticks."""
+    ar = RoundedArith(target.dtype)
+    kw = {**target.params, **ex.extras, "initial_state": s0, "output_final_state": True}
+    with np.errstate(all="ignore"):
+        runs = [_reference(target, ex, ar, initial_state=s0)]
+        runs += target.variant.algorithms(ex.q, ex.k, ex.v, causal=True, arith=ar, **kw)
+    return [ar.stored(o) for o, _ in runs], [ar.to_float64(s) for _, s in runs]
+
+
+def rule_in_norm(
+    judged: np.ndarray, truth: np.ndarray, rad: np.ndarray, naives: list[np.ndarray], u: float
+) -> list[tuple[tuple[int, ...], np.ndarray, float]]:
+    """(slice index, its judged entries, bound) per (batch, head) slice with judged entries: the
+    low-precision rule in norm (proofs/low-precision-rule.md), ||T - truth||_J <= 2 ||naive - truth||_J +
+    2 u ||truth||_J, the naive error the largest over the definition and the other algorithms that are
+    finite there, net of the truth's radius (the caller adds the radius to the error). A definition that
+    is not finite there gives no yardstick: bound 0, never an unjudged pass."""
+    out = []
+    for idx, mask in per_slice(judged):
+        j = mask[idx]
+        errs = [np.abs(n[idx] - truth[idx])[j] for n in naives]
+        finite = bool(np.all(np.isfinite(errs[0])))
+        naive_err = max(frobenius(e) for e in errs if np.all(np.isfinite(e))) if finite else 0.0
+        yard = max(naive_err - frobenius(rad[idx][j]), 0.0)
+        out.append((idx, j, 2 * yard + 2 * u * frobenius(truth[idx][j]) if finite else 0.0))
+    return out
 
 
 def _diff(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -257,11 +365,30 @@ def state_split(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding
     p_out, p_st = propagation(target, second, b1_st + np.abs(carried - s1))
     split_out = np.concatenate([o1, o2], axis=2)
     bound_out = b_out + np.concatenate([b1_out, b2_out + p_out], axis=2)
+    bound_st = b_st + b2_st + p_st
+    # where a bound says nothing, both runs are held to the rule in norm: their difference to twice it
+    vac = vacuous(target, ex, s0, (bound_out, bound_st))
+    diffs = np.abs(split_out - out), np.abs(s2 - st)
+    parts: dict[str, Any] = {
+        "out": (diffs[0], np.where(vac.unbounded[0], np.inf, bound_out)),
+        "final_state": (diffs[1], np.where(vac.unbounded[1], np.inf, bound_st)),
+    }
+    rule: tuple[np.ndarray, np.ndarray] = (np.zeros_like(vac.out), np.zeros_like(vac.state))
+    if vac.any:
+        truths, rads = state_truth(target, ex, s0, vac.truth_request((bound_out, bound_st)))
+        rule = vac.judgeable(rads)
+        naives = naive_with_state(target, ex, s0)
+        for name, mask, diff, truth, rad, naive in zip(
+            ("out", "final_state"), rule, diffs, truths, rads, naives, strict=True
+        ):
+            for idx, j, bound in rule_in_norm(mask, truth, rad, naive, vac.u):
+                parts[f"{name}[{','.join(map(str, idx))}]"] = NormPart(diff[idx][j], 2 * bound)
     return parts_finding(
         "state-split",
         ex,
-        {"out": (np.abs(split_out - out), bound_out), "final_state": (np.abs(s2 - st), b_st + b2_st + p_st)},
+        parts,
         token_axis={"out": 2},
+        **vac.counts(rule),
         split=t,
         split_chunk_position={str(c): t % c for c in CHUNKS},
         initial_state="nonzero" if s0 is not None else "none",

@@ -44,7 +44,7 @@ def gated_recurrence(
     (B, H, N, d_k) or (B, H, N, 1), already exponentiated (None: no decay). Returns o (B, H, N, d_v), or
     (o, S_N) when ``output_final_state``."""
     B, H, N, dk = q.shape
-    state = ar.zeros((B, H, dk, v.shape[-1])) if initial_state is None else initial_state
+    state = ar.held(ar.zeros((B, H, dk, v.shape[-1])) if initial_state is None else initial_state)
     outs = []
     for t in range(N):
         update = k[:, :, t, :, None] * v[:, :, t, None, :]
@@ -93,7 +93,7 @@ def chunked_gated_recurrence(ar: Any, q: Any, k: Any, v: Any, alpha: Any = None,
         gamma, p_in = chunk_decays(ar, to_chunks(ar, alpha[..., 0], chunk, fill=1.0))
         scores = ar.fill(qk * gamma, incl, 0.0)
         q_in, k_out, carry = qc * p_in[..., None], kc * gamma[..., chunk - 1, :, None], p_in[..., chunk - 1]
-    state = ar.zeros((B, H, dk, dv))
+    state = ar.held(ar.zeros((B, H, dk, dv)))
     outs = []
     for i in range(qc.shape[2]):
         outs.append(ar.matmul(q_in[:, :, i], state) + ar.matmul(scores[:, :, i], vc[:, :, i]))
@@ -108,7 +108,7 @@ def ref_normalised_gated(ar: Any, fq: Any, fk: Any, v: Any, g: Any, *, eps: floa
     b the cumulative log-decays g: the normalised gated recurrence over [V, 1]."""
     dv = v.shape[-1]
     ones = ar.asarray(np.ones(v.shape[:-1] + (1,)))
-    out = gated_recurrence(ar, fq, fk, ar.concat([v, ones], axis=-1), ar.exp(g))
+    out = gated_recurrence(ar, fq, fk, ar.concat([v, ones], axis=-1), ar.exp(ar.held(g)))
     return ar.div(out[..., :dv], out[..., dv:] + eps)
 
 

@@ -83,8 +83,8 @@ def reference(
     beta, g (B, H, N); returns o (B, H, N, d_v), or (o, S_N) when ``output_final_state``."""
     B, H, N, dk = q.shape
     q, k = queries_and_keys(ar, q, k, scale, l2norm, l2norm_eps)
-    state = ar.zeros((B, H, dk, v.shape[-1])) if initial_state is None else initial_state
-    alpha = None if g is None else ar.exp(g)
+    state = ar.held(ar.zeros((B, H, dk, v.shape[-1])) if initial_state is None else initial_state)
+    alpha = None if g is None else ar.exp(ar.held(g))
     outs = []
     for t in range(N):
         if alpha is not None:
@@ -135,13 +135,13 @@ def chunked_reference(
     if g is None:
         gamma, p_in, k_out, carry = None, None, kc, None
     else:
-        gamma, p_in = chunk_decays(ar, to_chunks(ar, ar.exp(g), c, fill=1.0))
+        gamma, p_in = chunk_decays(ar, to_chunks(ar, ar.exp(ar.held(g)), c, fill=1.0))
         k_out = kc * gamma[..., c - 1, :, None]  # decay from s to the chunk's end
         carry = p_in[..., c - 1]
-    kk = ar.matmul(kc, ar.mT(kc))
+    kk = ar.matmul(ar.held(kc), ar.mT(kc))  # the chunk's system is formed and solved in float32
     lower = ar.fill(bc[..., None] * (kk if gamma is None else kk * gamma), strict, 0.0)
     kd = kc if p_in is None else kc * p_in[..., None]
-    rhs = bc[..., None] * ar.concat([vc, kd], axis=-1)  # diag(beta) [V, P K]
+    rhs = ar.held(bc[..., None]) * ar.concat([vc, kd], axis=-1)  # diag(beta) [V, P K]
     sol = [rhs[..., 0, :]]
     for i in range(1, c):  # forward substitution, row by row
         done = ar.stack(sol, axis=-2)
@@ -151,7 +151,7 @@ def chunked_reference(
     qk = ar.matmul(qc, ar.mT(kc))
     scores = ar.fill(qk if gamma is None else qk * gamma, incl, 0.0)
     q_in = qc if p_in is None else qc * p_in[..., None]
-    state = ar.zeros((B, H, dk, dv)) if initial_state is None else initial_state
+    state = ar.held(ar.zeros((B, H, dk, dv)) if initial_state is None else initial_state)
     outs = []
     for i in range(nc):
         delta = u[:, :, i] - ar.matmul(w[:, :, i], state)

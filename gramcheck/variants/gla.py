@@ -39,7 +39,7 @@ def reference(
 ) -> Any:
     """The definition: the state recurrence, one token at a time (arithmetic-generic), from S_0."""
     s = scale_value(ar, scale, q.shape[-1])
-    return gated_recurrence(ar, q * s, k, v, ar.exp(g / gate_tau), initial_state, output_final_state)
+    return gated_recurrence(ar, q * s, k, v, ar.exp(ar.held(g) / gate_tau), initial_state, output_final_state)
 
 
 def largest_decay(params: Mapping[str, Any], extras: Mapping[str, Any], n_heads: int) -> float:

@@ -58,7 +58,7 @@ def linear_form(ar: Any, q: Any, k: Any, v: Any, *, causal: bool, projection: An
     alpha = None
     if causal and prefix_stabilised(p, eps):
         fq, fk, g = favor_causal(ar, q, k, projection, kind=p["kind"], scale=p["scale"])
-        alpha = ar.exp(g)
+        alpha = ar.exp(ar.held(g))
     else:
         fq, fk = _features(ar, q, k, projection, p)
     dv = v.shape[-1]

@@ -79,9 +79,9 @@ def reference(
     _check_extras(g, u, B, H, N, dk)
     s = scale_value(ar, scale, dk)
     r = q * s
-    alpha = ar.exp(g)
+    alpha = ar.exp(ar.held(g))
     bonus = u[None, :, :, None]  # (1, H, d_k, 1)
-    state = ar.zeros((B, H, dk, v.shape[-1])) if initial_state is None else initial_state
+    state = ar.held(ar.zeros((B, H, dk, v.shape[-1])) if initial_state is None else initial_state)
     outs = []
     for t in range(N):
         kv = k[:, :, t, :, None] * v[:, :, t, None, :]
