@@ -121,18 +121,12 @@ def smallest_subnormal(dtype: Any) -> float:
     return math.ldexp(1.0, _RANGE[dtype_name(dtype)][0])
 
 
-# formats whose kernels compute in float32 and may flush float32 subnormals to zero
-_FLUSHING = ("float32", "tf32", "bfloat16")
-
-
 def underflow_unit(dtype: Any) -> float:
-    """eta of the rounding model: the absolute error of one operation whose result underflows. float32,
-    tf32 and bfloat16 kernels compute in float32, where flushing subnormals to zero is common (Triton's
-    exp is ex2.approx.ftz, CUDA's -ftz, x86 FTZ/DAZ, torch.set_flush_denormal), so an underflowing result
-    may err by the smallest normal float32, 2^-126; float16 and float64 keep gradual underflow (the
-    smallest subnormal). proofs/fp-forward-error.md, "Underflow"."""
-    name = dtype_name(dtype)
-    return math.ldexp(1.0, -126) if name in _FLUSHING else smallest_subnormal(name)
+    """eta of the rounding model: the absolute error of one operation whose result underflows, under
+    gradual underflow (the smallest subnormal). A flushing model (2^-126 for float32-computing formats)
+    was tried and withdrawn: the low-precision rule's yardstick keeps subnormals, and the two disagreed
+    (proofs/fp-forward-error.md, "Underflow")."""
+    return smallest_subnormal(dtype)
 
 
 def max_finite(dtype: Any) -> float:

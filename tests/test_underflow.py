@@ -1,5 +1,5 @@
-"""The rounding model's underflow unit: float32 kernels may flush subnormal results to zero
-(proofs/fp-forward-error.md, "Underflow")."""
+"""The rounding model's underflow unit: gradual underflow; kernels that flush subnormal results to zero
+are an open case (proofs/fp-forward-error.md, "Underflow")."""
 
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ def _agreement(scale: float) -> tuple[np.ndarray, object]:
     return out, A.check_agreement("agreement", out, t.variant, q, k, v, causal=True, dtype="float32", **t.params)
 
 
+@pytest.mark.xfail(strict=True, reason="open: the model assumes gradual underflow; flushing kernels fail")
 def test_a_kernel_that_flushes_subnormals_passes_and_the_bound_is_nearly_tight(flushing, monkeypatch):
     """q k = 0.9 * 2^-126 is flushed to 0: the error is 0.9 * 2^-126 and the bound a few 2^-126. With
     gradual underflow's eta (2^-149) the same correct kernel failed by a factor of about 10^6."""
@@ -52,7 +53,7 @@ def test_flushing_excuses_only_subnormal_results(flushing):
     assert not f.passed and f.measured > 20, f
 
 
-@pytest.mark.parametrize("dtype, eta", [("float32", 2.0**-126), ("bfloat16", 2.0**-126), ("float16", 2.0**-24)])
+@pytest.mark.parametrize("dtype, eta", [("float32", 2.0**-149), ("bfloat16", 2.0**-133), ("float16", 2.0**-24)])
 def test_underflow_units(dtype, eta):
     assert P.underflow_unit(dtype) == eta
     assert P.underflow_unit("float64") == 2.0**-1074

@@ -246,6 +246,7 @@ def test_trigonometric_favor_denominators_cancelling_below_the_features_rounding
 
 
 # --- underflow ----------------------------------------------------------------------------------------
+@pytest.mark.xfail(strict=True, reason="open false alarm: a chunked algorithm cancelling subnormal terms")
 def test_the_chunked_delta_rule_from_a_large_state_at_subnormal_outputs(monkeypatch):
     """Gated DeltaNet from a state 190 times its updates, decays of e^-29 and e^-74 at tokens 3-4 (seed 1,
     float32): the output there is 3e-45 and the chunked algorithm (the builtin's, fla's) cancels subnormal
