@@ -563,10 +563,10 @@ class _ModelBackend(_F64Backend):
     over it bounds, to first order, the rounding error of the same formula evaluated in that format."""
 
     def __init__(self, dtype: Any):
-        from .precision import dtype_name, underflow_unit, unit_roundoff
+        from .precision import dtype_name, smallest_subnormal, unit_roundoff
 
         self.u = unit_roundoff(dtype) + math.ldexp(1.0, -53)
-        self.eta = underflow_unit(dtype)
+        self.eta = smallest_subnormal(dtype)
         self.name = f"model-{dtype_name(dtype)}"
 
 
@@ -713,11 +713,10 @@ class RoundedArith(BallArith):
         return round_to(self.to_float64(x), self.dtype, wide_range=self.wide_range)
 
     def _r(self, y: Any, *operands: Ball) -> Ball:
-        """y rounded to the dtype; an operation on constants only (``exact`` balls: ``const`` and the Python
-        scalars of the formula) stays exact in float64, as a kernel computes its scalar constants (scale
-        d^-1/2, 1/sqrt(m)) in host floating point before they meet a tensor."""
-        from .precision import round_to
-
+        """y rounded to the dtype (to float32 where an operand is ``held``); an operation on constants only
+        (``exact`` balls: ``const`` and the Python scalars of the formula) stays exact in float64, as a
+        kernel computes its scalar constants (scale d^-1/2, 1/sqrt(m)) in host floating point before they
+        meet a tensor."""
         held = any(o.held for o in operands)
         if operands and all(o.exact for o in operands):
             return Ball(self, np.asarray(y, dtype=np.float64), np.zeros(np.shape(y)), exact=True, held=held)
@@ -728,8 +727,6 @@ class RoundedArith(BallArith):
         """The operands' values as an elementwise kernel sees them: a constant meeting a tensor is cast to
         the operation's arithmetic, float32 below float64 (torch's opmath: a Python float times a
         bfloat16 or float32 tensor is computed in float32)."""
-        from .precision import round_to
-
         if a.exact == b.exact or self.dtype == "float64":
             return a.mid, b.mid
         cast = (lambda x: round_to(x.mid, "float32") if x.exact else x.mid)  # noqa: E731

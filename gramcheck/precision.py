@@ -117,16 +117,9 @@ _RANGE: dict[str, tuple[int, float]] = {
 
 
 def smallest_subnormal(dtype: Any) -> float:
-    """The smallest positive (subnormal) value of the format."""
+    """The smallest positive (subnormal) value of the format: the absolute error of an underflow under
+    gradual underflow, the rounding model's eta (proofs/fp-forward-error.md, "Underflow")."""
     return math.ldexp(1.0, _RANGE[dtype_name(dtype)][0])
-
-
-def underflow_unit(dtype: Any) -> float:
-    """eta of the rounding model: the absolute error of one operation whose result underflows, under
-    gradual underflow (the smallest subnormal). A flushing model (2^-126 for float32-computing formats)
-    was tried and withdrawn: the low-precision rule's yardstick keeps subnormals, and the two disagreed
-    (proofs/fp-forward-error.md, "Underflow")."""
-    return smallest_subnormal(dtype)
 
 
 def max_finite(dtype: Any) -> float:

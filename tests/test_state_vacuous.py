@@ -15,6 +15,13 @@ from gramcheck.strategies import AttentionInputs
 from gramcheck.targets import Target, builtin
 
 
+def _recurrent_gla(q, k, v, *, causal, g, initial_state=None, output_final_state=False):
+    import gramcheck.variants as V
+
+    kw = {"initial_state": initial_state, "output_final_state": output_final_state}
+    return V.get("gla").torch(q, k, v, causal=True, g=g, form="recurrent", chunk_size=1, **kw)
+
+
 def _long(dtype: str) -> AttentionInputs:
     rng = np.random.default_rng(0)
     q, k, v = (round_to(rng.standard_normal((1, 2, 300, 16)), dtype) for _ in range(3))
@@ -31,6 +38,9 @@ def test_wrong_final_states_fail_where_the_bound_is_vacuous(dtype):
     t = builtin("gla", dtype=dtype)
     for f in (state_agreement(t, ex, causal=True), state_split(t, ex, causal=True)):
         assert f.passed and f.details["vacuous_entries"]["final_state"] > 0, f
+    # a correct form that computes otherwise: token by token, state accumulated in float32
+    recurrent = Target(_recurrent_gla, t.variant, dtype=dtype, params=dict(t.params), name="recurrent")
+    assert state_agreement(recurrent, ex, causal=True).passed and state_split(recurrent, ex, causal=True).passed
     halved = Target(gla_final_state_halved, t.variant, dtype=dtype, params=dict(t.params), name="halved")
     undecayed = Target(gla_initial_state_undecayed, t.variant, dtype=dtype, params=dict(t.params), name="undecayed")
     assert state_agreement(halved, ex, causal=True).measured > 10

@@ -20,7 +20,13 @@ from typing import Any
 
 import numpy as np
 
-from ..agreement import REASSOCIATION_FACTOR, per_slice, slice_magnitude
+from ..agreement import (
+    LOW_PRECISION_FLOOR_ULPS,
+    LOW_PRECISION_K,
+    REASSOCIATION_FACTOR,
+    per_slice,
+    slice_magnitude,
+)
 from ..arith import BALL_F64, F64, BallMP, RoundedArith, rounding_model
 from ..findings import Finding
 from ..precision import round_to, unit_roundoff
@@ -205,20 +211,14 @@ def state_agreement(target: Target, ex: AttentionInputs, *, causal: bool) -> Fin
     out, st = target.run(ex.q, ex.k, ex.v, causal=True, initial_state=s0, output_final_state=True, **ex.extras)
     b_out, b_st = state_bound(target, ex, s0)
     vac = vacuous(target, ex, s0, (b_out, b_st))
-    (t_out, t_st), (r_out, r_st) = state_truth(target, ex, s0, vac.truth_request((b_out, b_st)))
+    truths, rads = state_truth(target, ex, s0, vac.truth_request((b_out, b_st)))
+    errors = tuple(np.abs(x - t) + r for x, t, r in zip((out, st), truths, rads, strict=True))
     parts: dict[str, Any] = {
-        "out": (np.abs(out - t_out) + r_out, np.where(vac.unbounded[0], np.inf, b_out)),
-        "final_state": (np.abs(st - t_st) + r_st, np.where(vac.unbounded[1], np.inf, b_st)),
+        "out": (errors[0], np.where(vac.unbounded[0], np.inf, b_out)),
+        "final_state": (errors[1], np.where(vac.unbounded[1], np.inf, b_st)),
     }
-    rule = vac.judgeable((r_out, r_st))
-    if any(m.any() for m in rule):
-        n_out, n_st = naive_with_state(target, ex, s0)
-        for name, mask, got, truth, rad, naive in (
-            ("out", rule[0], out, t_out, r_out, n_out),
-            ("final_state", rule[1], st, t_st, r_st, n_st),
-        ):
-            for idx, j, bound in rule_in_norm(mask, truth, rad, naive, vac.u):
-                parts[f"{name}[{','.join(map(str, idx))}]"] = NormPart((np.abs(got - truth) + rad)[idx][j], bound)
+    rule_parts, rule = vac.rule_parts(target, ex, s0, truths, rads, errors, 1.0)
+    parts.update(rule_parts)
     return parts_finding(
         "state-agreement",
         ex,
@@ -261,6 +261,29 @@ class Vacuous:
         return tuple(  # type: ignore[return-value]
             m & (r <= self.u * size / 100) for m, r, size in zip(masks, rads, self.sizes, strict=True)
         )
+
+    def rule_parts(
+        self,
+        target: Target,
+        ex: AttentionInputs,
+        s0: np.ndarray | None,
+        truths: tuple[np.ndarray, ...],
+        rads: tuple[np.ndarray, ...],
+        errors: tuple[np.ndarray, ...],
+        factor: float,
+    ) -> tuple[dict[str, NormPart], tuple[np.ndarray, np.ndarray]]:
+        """The parts of (out, S_N) the rule in norm judges, one per (batch, head) slice: ``errors``
+        against ``factor`` times the rule's bound (``rule_in_norm``), and the entries it judges."""
+        rule = self.judgeable((rads[0], rads[1]))
+        parts: dict[str, NormPart] = {}
+        if not any(m.any() for m in rule):
+            return parts, rule
+        naives = naive_with_state(target, ex, s0)
+        names = ("out", "final_state")
+        for name, mask, err, truth, rad, naive in zip(names, rule, errors, truths, rads, naives, strict=True):
+            for idx, j, bound in rule_in_norm(mask, truth, rad, naive, self.u):
+                parts[f"{name}[{','.join(map(str, idx))}]"] = NormPart(err[idx][j], factor * bound)
+        return parts, rule
 
     def counts(self, rule: tuple[np.ndarray, np.ndarray]) -> dict[str, dict[str, int]]:
         names = ("out", "final_state")
@@ -315,7 +338,8 @@ def rule_in_norm(
         finite = bool(np.all(np.isfinite(errs[0])))
         naive_err = max(frobenius(e) for e in errs if np.all(np.isfinite(e))) if finite else 0.0
         yard = max(naive_err - frobenius(rad[idx][j]), 0.0)
-        out.append((idx, j, 2 * yard + 2 * u * frobenius(truth[idx][j]) if finite else 0.0))
+        bound = LOW_PRECISION_K * yard + LOW_PRECISION_FLOOR_ULPS * u * frobenius(truth[idx][j])
+        out.append((idx, j, bound if finite else 0.0))
     return out
 
 
@@ -376,13 +400,8 @@ def state_split(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding
     rule: tuple[np.ndarray, np.ndarray] = (np.zeros_like(vac.out), np.zeros_like(vac.state))
     if vac.any:
         truths, rads = state_truth(target, ex, s0, vac.truth_request((bound_out, bound_st)))
-        rule = vac.judgeable(rads)
-        naives = naive_with_state(target, ex, s0)
-        for name, mask, diff, truth, rad, naive in zip(
-            ("out", "final_state"), rule, diffs, truths, rads, naives, strict=True
-        ):
-            for idx, j, bound in rule_in_norm(mask, truth, rad, naive, vac.u):
-                parts[f"{name}[{','.join(map(str, idx))}]"] = NormPart(diff[idx][j], 2 * bound)
+        rule_parts, rule = vac.rule_parts(target, ex, s0, truths, rads, diffs, 2.0)
+        parts.update(rule_parts)
     return parts_finding(
         "state-split",
         ex,
