@@ -248,6 +248,18 @@ class Arith:
         from ``stop_max``): a stabilising shift that may only look backwards."""
         return self.asarray(np.maximum.accumulate(np.asarray(self.b.to_float64(self.mid(x))), axis=axis))
 
+    def shifted(self, x: Array, base: Array, axis: int) -> Array:
+        """x - (top - base) with top = max_axis (x + base), for a stabilising constant ``base``
+        (``running_max``): the exponents x + base shifted so that their largest is 0, without forming
+        x + base in the arithmetic. top is an exact constant from the float64 values (it is one number
+        per row, which cancels); top - base is computed in the arithmetic, since a per-column shift does
+        not cancel; x meets it in one operation: one rounding of a result near 0 where it matters, where
+        (x + base) - top would round twice at the magnitude of base."""
+        vals = np.asarray(self.b.to_float64(self.mid(x))) + np.asarray(self.b.to_float64(self.mid(base)))
+        with np.errstate(invalid="ignore"):
+            top = np.max(vals, axis=axis, keepdims=True)
+        return x - (self.const(np.where(np.isfinite(top), top, 0.0)) - base)
+
 
 def float_up_one(e: Any) -> float:
     """An exact mpf, arb or float as a float64 no smaller: to nearest, then one step up where that fell
@@ -711,6 +723,16 @@ class RoundedArith(BallArith):
     def stored(self, x: Ball) -> np.ndarray:
         """The output as a kernel stores it, in the dtype (a held output is rounded once more)."""
         return round_to(self.to_float64(x), self.dtype, wide_range=self.wide_range)
+
+    def shifted(self, x: Any, base: Any, axis: int) -> Ball:
+        """``Arith.shifted`` as ``TorchArith.shifted`` computes it: the maximum and the shift in float32
+        (float64 for float64), one rounding of the result to the dtype."""
+        x, base = self._lift(x), self._lift(base)
+        wide = self.held_dtype
+        with np.errstate(invalid="ignore"):
+            top = np.max(round_to(x.mid + base.mid, wide, wide_range=self.wide_range), axis=axis, keepdims=True)
+        shift = round_to(np.where(np.isfinite(top), top, 0.0) - base.mid, wide, wide_range=self.wide_range)
+        return self._r(round_to(x.mid - shift, wide, wide_range=self.wide_range), x)
 
     def _r(self, y: Any, *operands: Ball) -> Ball:
         """y rounded to the dtype (to float32 where an operand is ``held``); an operation on constants only

@@ -101,33 +101,34 @@ def favor(
     return feats * (1.0 / ar.sqrt(ar.const(count)))  # one product per feature (a quotient costs several)
 
 
-def favor_keys_prefix(
-    ar: Any, x: Any, projection: Any, *, kind: str = "positive", scale: float | None = None
-) -> tuple[Any, Any]:
-    """Causal key features stabilised by the running maximum: with c_t the largest log-amplitude of token
-    t and M_t = max_{s<=t} c_s (exact constants, like ``stop_max``), returns features
-    exp(L_t - M_t) F / sqrt(count) and scalar log-decays g_t = M_{t-1} - M_t <= 0 (g_1 = 0), shape
-    (B, H, N, 1), computed in the arithmetic. The gated recurrence S_t = e^{g_t} S_{t-1} + phi_t v_t^T then
-    holds e^{-M_t} times the unstabilised sums, a factor that cancels in the normalised output. Unlike the
-    global key maximum, no future token enters: the form is causal bit for bit, and a later outlier key
-    cannot underflow earlier features (proofs/invariants.md)."""
-    log_amp, mult, count, _ = _favor_parts(ar, x, projection, kind, scale)
-    run = ar.running_max(ar.stop_max(log_amp, -1), -2)
-    g = ar.concat([run[..., :1, :], run[..., :-1, :]], axis=-2) - run
-    feats = ar.exp(log_amp - run)
-    if mult is not None:
-        feats = feats * mult
-    return feats * (1.0 / ar.sqrt(ar.const(count))), g
-
-
 def favor_causal(
     ar: Any, q: Any, k: Any, projection: Any, *, kind: str = "positive", scale: float | None = None
 ) -> tuple[Any, Any, Any]:
-    """(phi(Q), phi(K), g) of causal FAVOR+: queries stabilised per token, keys by the running maximum
-    with its decays (``favor_keys_prefix``); the normalised gated recurrence over them is the output."""
-    fq = favor(ar, q, projection, is_query=True, kind=kind, scale=scale)
-    fk, g = favor_keys_prefix(ar, k, projection, kind=kind, scale=scale)
-    return fq, fk, g
+    """(phi(Q), phi(K), g) of causal FAVOR+, stabilised feature by feature with no future token entering.
+
+    With L^k_sj and L^q_tj the log-amplitudes of feature j (``_favor_parts``; one shared column for trig),
+    M_tj = max_{s<=t} L^k_sj the keys' running maximum per feature and c_t = max_j (L^q_tj + M_tj), all
+    exact constants (``running_max``, ``stop_max``):
+
+        phi(k_s)_j = exp(L^k_sj - M_sj) F_sj / sqrt(count),  g_tj = M_{t-1,j} - M_tj <= 0  (g_1 = 0),
+        phi(q_t)_j = exp(L^q_tj - (c_t - M_tj)) F_tj / sqrt(count),
+
+    shapes (B, H, N, count) and g (B, H, N, count) (trig: (B, H, N, 1)). The diagonal gated recurrence
+    S_t = diag(e^{g_t}) S_{t-1} + phi(k_t) v_t^T holds S_tj = sum_{s<=t} e^{L^k_sj - M_tj} F_sj v_s / sqrt(count),
+    and phi(q_t)^T S_t is e^{-c_t} times the unstabilised sum: a factor per row that cancels in the
+    normalised output. Every feature of the state has a term of weight 1 (its maximising key) and the
+    query's largest exponent is 0, so the denominator is at least 1 / count and no row's weights sink
+    into the subnormals however the query and the keys are aligned (one shift per token, of queries by
+    their own maximum, left rows of weights ~1e-41 in float32; proofs/invariants.md)."""
+    lq, mq, count, _ = _favor_parts(ar, q, projection, kind, scale)
+    lk, mk, _, _ = _favor_parts(ar, k, projection, kind, scale)
+    run = ar.running_max(lk, -2)
+    g = ar.concat([run[..., :1, :], run[..., :-1, :]], axis=-2) - run
+    fk, fq = ar.exp(lk - run), ar.exp(ar.shifted(lq, run, -1))
+    if mk is not None:
+        fk, fq = fk * mk, fq * mq
+    norm = 1.0 / ar.sqrt(ar.const(count))
+    return fq * norm, fk * norm, g
 
 
 # --------------------------------------------------------------------------------------------------

@@ -277,6 +277,12 @@ class TermArith:
         """A constant, the cumulative maximum of x along ``axis``."""
         return Var(self, np.maximum.accumulate(self.asarray(x).val, axis=axis))
 
+    def shifted(self, x: Any, base: Any, axis: int) -> Var:
+        """x - (max_axis (x + base) - base), the shift one constant (``Arith.shifted``)."""
+        x, b = self.asarray(x), self.asarray(base).val
+        top = self.stop_max(Var(self, x.val + b), axis).val
+        return x - Var(self, top - b)
+
     # the reverse pass --------------------------------------------------------------------------
     def backward(self, seeds: Sequence[tuple[Var, np.ndarray]]) -> None:
         """Propagate the adjoint's size from each (output, |dL/d output|) through the partials' sizes."""

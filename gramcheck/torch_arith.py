@@ -90,5 +90,15 @@ class TorchArith:
         """Cumulative maximum along ``axis``, detached (a stabilising shift carries no gradient)."""
         return _torch().cummax(x.detach(), dim=axis).values
 
+    def shifted(self, x: Any, base: Any, axis: int) -> Any:
+        """``Arith.shifted`` with the maximum and the shift in float32 at least (detached), the result
+        rounded once to x's dtype: a 16-bit x + base would put the maximum off by its spacing (4096 at
+        5e5 in bfloat16) and exp of the shifted exponents would overflow."""
+        wide = _torch().promote_types(x.dtype, _torch().float32)
+        xw, bw = x.to(wide), base.detach().to(wide)
+        top = (xw.detach() + bw).amax(dim=axis, keepdim=True)
+        top = _torch().where(_torch().isfinite(top), top, _torch().zeros_like(top))
+        return (xw - (top - bw)).to(x.dtype)
+
 
 TORCH = TorchArith()

@@ -165,14 +165,27 @@ def test_known_failure_modes_are_found():
 
 
 def test_global_key_stabiliser_is_not_causal_and_the_running_maximum_is():
-    """Causal FAVOR+ with the reference code's key maximum over all tokens: future outlier keys change
-    past outputs far beyond rounding (the property allows rounding: FAVOR+ declares causal-rounding).
-    The builtin's running-maximum stabiliser is causal bit for bit on the same domain."""
-    domain = {"kinds": ["outliers"], "max_n": 32, "max_d": 2, "examples": 50}
-    glob = check(
+    """Causal FAVOR+ with the reference code's key maximum over all tokens: a later key can move the shift
+    of every earlier one, and an outlier key k_0 = 60 whose log-amplitudes (60 w - 1800) sit far below a
+    benign later key's turns row 0 into 0/0, where with k_1 = k_0 it was v_0. The builtin's running
+    maximum (per feature) returns v_0 bit for bit in both. Found by the property search too (seed 0,
+    N <= 8)."""
+    from gramcheck.targets import builtin
+
+    w = torch.tensor([[1.0], [-1.0], [0.5], [2.0]])
+    q, v = torch.ones(1, 1, 2, 1), torch.tensor([[[[3.0], [-2.0]]]])
+    past = torch.tensor([[[[60.0], [60.0]]]])
+    future = torch.tensor([[[[60.0], [1.0]]]])
+    ours = builtin("performer-positive")
+    for k in (past, future):
+        assert torch.equal(torch.as_tensor(ours(q, k, v, causal=True, projection=w))[..., 0, :], v[..., 0, :])
+    glob = [performer_global_key_stabiliser(q, k, v, causal=True, projection=w)[..., 0, 0] for k in (past, future)]
+    assert float(glob[0]) == 3.0 and torch.isnan(glob[1]).all()
+    domain = {"kinds": ["outliers"], "max_n": 8, "max_d": 2, "examples": 50}
+    found = check(
         performer_global_key_stabiliser, "performer-positive", causal=True, properties=["causality"], domain=domain
     )
-    assert not glob.passed, glob.summary()
+    assert not found.passed, found.summary()
     ours = check("builtin:performer-positive", causal=True, properties=["causality", "agreement"], domain=domain)
     assert ours.passed, ours.summary()
 

@@ -7,6 +7,7 @@ import pytest
 from broken import (
     linear_elu_plus_one_feature,
     linear_elu_with_eps_idiom,
+    performer_global_key_stabiliser,
     softmax_detached,
     softmax_off_three_percent,
     softmax_plus_one,
@@ -190,24 +191,28 @@ HEAVY_TAIL_N1 = {
 
 
 @pytest.mark.parametrize("name", ["performer-positive", "performer-hyperbolic"])
-@pytest.mark.parametrize("prop", ["rows-sum-to-one", "convex-hull"])
-def test_favor_features_underflowing_to_0_over_0_are_uncertifiable_not_failures(name, prop):
-    """The shrunk heavy-tail input of the causal FAVOR+ forms (N = 1): the query and key features share no
-    coordinate above float32's underflow, so phi(q) . phi(k) is 0 and the row 0/0. The exact value is
-    positive, but the rounding model's bound there is infinite: no float32 computation of the definition
-    can certify it. The invariant used to judge that entry (measured inf); it now counts it, as agreement
-    does."""
-    from gramcheck import properties as P
+@pytest.mark.parametrize("prop", ["rows-sum-to-one", "convex-hull", "agreement"])
+def test_causal_favor_stabilised_per_feature_computes_rows_that_one_shift_per_token_loses(name, prop):
+    """The shrunk heavy-tail input of the causal FAVOR+ forms (N = 1, float32): the query's and the key's
+    largest features sit on different coordinates, so with the query shifted by its own maximum and the
+    key by its own, phi(q) . phi(k) underflows to 0 and the row is 0/0 (the builtin form did this, and its
+    catalogue's invariants failed it until the entry was called uncertifiable). Shifted feature by
+    feature (featuremaps.favor_causal), the largest term is 1: the builtin returns v exactly and every
+    entry is judged, by the worst-case bound; a form with one shift per token still returns 0/0 and
+    fails."""
     from gramcheck.strategies import AttentionInputs
-    from gramcheck.targets import builtin
+    from gramcheck.targets import Target, builtin
 
     a = {n: np.asarray(x) for n, x in HEAVY_TAIL_N1.items()}
     ex = AttentionInputs(a["q"], a["k"], a["v"], {"projection": a["projection"]}, "heavy-tail", "float32")
     t = builtin(name)
+    assert np.array_equal(t(ex.q, ex.k, ex.v, causal=True, projection=a["projection"]), a["v"])
     f = P.get(prop).fn(t, ex, causal=True)
-    assert f.passed and f.details["uncertifiable_entries"] >= 1, f
-    agr = P.get("agreement").fn(t, ex, causal=True)
-    assert agr.passed and agr.details["unbounded_entries"] >= 1, agr
+    assert f.passed, f
+    if prop == "agreement":
+        assert f.details["judged_by"]["worst-case"] == a["v"].size and f.details["unbounded_entries"] == 0, f
+    per_token = Target(performer_global_key_stabiliser, "performer-positive", dtype="float32", name="per-token")
+    assert not P.get(prop).fn(per_token, ex, causal=True).passed
 
 
 def test_elu_features_underflowing_in_float32_are_uncertifiable_not_failures():
@@ -261,19 +266,21 @@ def _float32_favor_case(name, seed, n, d, m, scale):
 
 
 def test_rows_the_dtypes_range_decided_are_not_judged_by_the_low_precision_rule():
-    """FAVOR+ hyperbolic, causal, float32, entries of norm ~30: key and query features underflow into
-    float32's subnormals, so the definition in float32 returns, on some rows, values quantised by the
-    subnormal grid (not by rounding). A target's NaN on such a row is range exhaustion the definition
-    shares and is counted, not judged; a NaN on a row the dtype computes within its range fails."""
+    """FAVOR+ hyperbolic, non-causal (the reference code's shifts: queries by their own maximum, keys by
+    the global one), float32, entries of norm ~30: key and query features underflow into float32's
+    subnormals, so the definition in float32 returns, on some rows, values quantised by the subnormal
+    grid (not by rounding). A target's NaN on such a row is range exhaustion the definition shares and is
+    counted, not judged; a NaN on a row the dtype computes within its range fails. (The causal forms,
+    shifted feature by feature, no longer leave such rows.)"""
     from gramcheck.agreement import check_agreement, naive_definition, rounding_bound
     from gramcheck.targets import builtin
 
     var, params, q, k, v, w = _float32_favor_case("performer-hyperbolic", 0, 16, 8, 16, 30.0)
-    kw = dict(causal=True, dtype="float32", projection=w, **params)
+    kw = dict(causal=False, dtype="float32", projection=w, **params)
     naive = naive_definition(var, q, k, v, **kw)
     wide = naive_definition(var, q, k, v, wide_range=True, **kw)
-    out = builtin("performer-hyperbolic")(q, k, v, causal=True, projection=w)
-    t = truth(var, q, k, v, causal=True, digits=8, projection=w, **params)
+    out = builtin("performer-hyperbolic")(q, k, v, causal=False, projection=w)
+    t = truth(var, q, k, v, causal=False, digits=8, projection=w, **params)
     finite = np.isfinite(naive).all(-1)[0, 0]
     row = lambda x: np.linalg.norm(x, axis=-1)[0, 0]  # noqa: E731
     moved = row(naive - wide) > row(wide - t.value) + 2**-24 * row(t.value)

@@ -299,8 +299,7 @@ def test_the_rule_in_norm_judges_each_head_on_its_own():
     assert f.measured > 10 and f.details["low_precision"]["slice"] == [0, 1]
 
 
-# --- open: the builtin causal hyperbolic FAVOR+ in bfloat16 ------------------------------------------
-@pytest.mark.xfail(strict=True, reason="open: builtin causal hyperbolic FAVOR+ in bfloat16 loses subnormal rows")
+# --- causal FAVOR+ rows whose weights sink into the subnormals -----------------------------------------
 @pytest.mark.parametrize(
     "name, prop",
     [
@@ -308,15 +307,47 @@ def test_the_rule_in_norm_judges_each_head_on_its_own():
         ("performer_hyperbolic_bf16_causal_heavy_tail", "lp"),
     ],
 )
-def test_causal_hyperbolic_favor_rows_whose_weights_are_subnormal(name, prop):
-    """seed 1's bfloat16 ci check, found once the yardsticks held their decays in float32. N = 4, d = 32,
-    |x| ~ 60: row 3's weights are all ~1e-41, subnormal in float32; the builtin's linear form returns
-    that row 30% off ([0, -1, 0, 1]: the subnormal sums keep a few bits), where the definition in
-    bfloat16 errs 0.07% (agreement 27.5). The heavy-tail input (N = 63, d = 58): the builtin returns a
-    non-finite entry where the definition in bfloat16 is finite (low-precision inf). Either the form
-    should rescale such rows or these rows are beyond what a float32 kernel can certify (a flushing
-    kernel returns 0/0 there); not decided yet."""
+def test_causal_favor_rows_whose_weights_were_subnormal(name, prop):
+    """seed 1's bfloat16 ci check. N = 4, d = 32, |x| ~ 60: with queries shifted by their own maximum and
+    keys by their running maximum (one shift per token), row 3's weights were all ~1e-41, subnormal in
+    float32, and the builtin returned that row 30% off ([0, -1, 0, 1]) where the definition in bfloat16
+    errs 0.07% (agreement 27.5). The heavy-tail input (N = 63, d = 58): a non-finite entry where the
+    definition is finite (low-precision inf). Shifted feature by feature (featuremaps.favor_causal), the
+    largest weight of every row is 1/count and the builtin passes; a form with one shift per token
+    (the reference code's, with its global key maximum) fails."""
+    from gramcheck.featuremaps import favor
+    from gramcheck.torch_arith import TORCH
+    from gramcheck.variants.common import torch_normalised
+
+    def per_token(q, k, v, *, causal, projection):
+        w = projection.to(q.dtype)
+        fq, fk = (favor(TORCH, x, w, kind="hyperbolic", is_query=x is q) for x in (q, k))
+        return torch_normalised(fq, fk, v, causal=causal, form="chunked", chunk_size=64)
+
     ex = _example(name, "bfloat16")
-    t = builtin("performer-hyperbolic", dtype="bfloat16")
-    f = _agreement_of(t, ex) if prop == "agreement" else low_precision(t, ex, causal=True)
-    assert f.passed, f
+    for t, ok in (
+        (builtin("performer-hyperbolic", dtype="bfloat16"), True),
+        (Target(per_token, "performer-hyperbolic", dtype="bfloat16", name="per-token"), False),
+    ):
+        f = _agreement_of(t, ex) if prop == "agreement" else low_precision(t, ex, causal=True)
+        assert f.passed == ok, f
+
+
+def test_the_query_shift_is_formed_in_float32(monkeypatch):
+    """Causal performer-positive in bfloat16 at N = 1 with heavy tails, as seed 2's ci check shrank it
+    (|q| = 2832, |k| = 792, d = 54; the saved input is one such draw): the query's log-amplitudes sit at
+    -5.6e5, where bfloat16's spacing is 4096. Shifted by a maximum of L^q + M formed in bfloat16, the
+    largest exponent can land up to 2048 above 0 and exp overflows (the output is NaN where it is v to
+    0.4%); formed in float32 (``TorchArith.shifted``), the builtin passes."""
+    from gramcheck.torch_arith import TorchArith
+
+    ex = _example("performer_positive_bf16_causal_huge_exponents", "bfloat16", "heavy-tail")
+    t = builtin("performer-positive", dtype="bfloat16")
+    assert low_precision(t, ex, causal=True).passed
+
+    def in_the_dtype(self, x, base, axis):
+        return x - ((x + base).detach().amax(dim=axis, keepdim=True) - base)
+
+    monkeypatch.setattr(TorchArith, "shifted", in_the_dtype)
+    assert not np.isfinite(t(ex.q, ex.k, ex.v, causal=True, **ex.extras)).all()
+    assert not low_precision(t, ex, causal=True).passed

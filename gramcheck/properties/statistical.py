@@ -111,13 +111,14 @@ def _rounding(mo: dict[str, Any]) -> np.ndarray:
 
 
 def _unbiased(o: np.ndarray, mo: dict[str, Any], P: int) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
-    """|mean_R o - r| against bias + t (module docstring), with the smallest offset detected."""
+    """|mean_R o - r| against bias + t (module docstring), with the smallest offset detected over the
+    entries that vary with the draw (None where none does: a causal first row is v whatever the draw)."""
     width = mo["hi"] - mo["lo"]
     t = bernstein_deviation(mo["mse"], width, DRAWS, math.log(2 * P / ALPHA))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        offset = np.where(width > 0, (mo["bias"] + 2 * t) / width, 0.0)
+    varies = width > 0
+    offset = (mo["bias"] + 2 * t)[varies] / width[varies]
     err = np.abs(o.mean(axis=0) - mo["exact"])
-    return err, mo["bias"] + t + _rounding(mo), {"detectable_offset": float(np.max(offset))}
+    return err, mo["bias"] + t + _rounding(mo), {"detectable_offset": float(np.max(offset)) if offset.size else None}
 
 
 def _mse(o: np.ndarray, mo: dict[str, Any], P: int) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:

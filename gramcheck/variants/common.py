@@ -55,11 +55,11 @@ def gated_recurrence(
 
 
 def chunk_decays(ar: Any, alpha: Any) -> tuple[Any, Any]:
-    """Scalar decays alpha (B, H, n_chunks, c) -> (Gamma, P): Gamma_ts = prod_{s<r<=t} alpha_r for s <= t
-    and 0 above (B, H, n_chunks, c, c), P_t = prod_{r<=t} alpha_r (B, H, n_chunks, c). Products of the
-    decays, row by row, so that they are as accurate as a recurrence's (no cumulative sum of logs)."""
-    B, H, nc, c = alpha.shape
-    first = ar.asarray(np.eye(1, c)[0] * np.ones((B, H, nc, 1)))  # [1, 0, ..., 0]
+    """Decays alpha (..., c) along a chunk -> (Gamma, P): Gamma_ts = prod_{s<r<=t} alpha_r for s <= t
+    and 0 above (..., c, c), P_t = prod_{r<=t} alpha_r (..., c). Products of the decays, row by row, so
+    that they are as accurate as a recurrence's (no cumulative sum of logs)."""
+    *lead, c = alpha.shape
+    first = ar.asarray(np.eye(1, c)[0] * np.ones((*lead, 1)))  # [1, 0, ..., 0]
     rows = [first]
     for t in range(1, c):  # Gamma[t, s] = Gamma[t - 1, s] alpha_t for s < t, Gamma[t, t] = 1
         decayed = rows[-1][..., :t] * alpha[..., t : t + 1]
@@ -79,26 +79,32 @@ def to_chunks(ar: Any, x: Any, c: int, fill: float = 0.0) -> Any:
 
 
 def chunked_gated_recurrence(ar: Any, q: Any, k: Any, v: Any, alpha: Any = None, chunk: int = 64) -> Any:
-    """The output of ``gated_recurrence`` with scalar decays alpha (B, H, N, 1) or None, by chunks of
-    ``chunk`` tokens (the production algorithm of linear attention): per chunk, with incoming state S,
-    O = (P * Q) S + ((Q K^T) * Gamma) V and S <- P_c S + (Gamma_c * K)^T V (``chunk_decays``)."""
+    """The output of ``gated_recurrence`` with decays alpha (B, H, N, 1) or (B, H, N, d_k) or None, by
+    chunks of ``chunk`` tokens (the production algorithm of linear attention): per chunk, with incoming
+    state S, O = (P * Q) S + A V and S <- diag(P_c) S + (Gamma_c * K)^T V, where the intra-chunk scores
+    are A = (Q K^T) * Gamma for scalar decays and A_ts = sum_j q_tj k_sj Gamma_tsj per channel
+    (``chunk_decays``, one Gamma per channel)."""
     B, H, N, dk = q.shape
     dv = v.shape[-1]
     qc, kc, vc = (to_chunks(ar, x, chunk) for x in (q, k, v))
     incl = np.tril(np.ones((chunk, chunk), dtype=bool))
-    qk = ar.matmul(qc, ar.mT(kc))
     if alpha is None:
-        scores, q_in, k_out, carry = ar.fill(qk, incl, 0.0), qc, kc, None
-    else:
+        scores, q_in, k_out, carry = ar.fill(ar.matmul(qc, ar.mT(kc)), incl, 0.0), qc, kc, None
+    elif alpha.shape[-1] == 1:
         gamma, p_in = chunk_decays(ar, to_chunks(ar, alpha[..., 0], chunk, fill=1.0))
-        scores = ar.fill(qk * gamma, incl, 0.0)
-        q_in, k_out, carry = qc * p_in[..., None], kc * gamma[..., chunk - 1, :, None], p_in[..., chunk - 1]
+        scores = ar.fill(ar.matmul(qc, ar.mT(kc)) * gamma, incl, 0.0)
+        q_in, k_out, carry = qc * p_in[..., None], kc * gamma[..., chunk - 1, :, None], p_in[..., chunk - 1, None]
+    else:  # channel j's decays: Gamma (B, H, n_chunks, d_k, c, c), P (B, H, n_chunks, d_k, c)
+        gamma, p_in = chunk_decays(ar, ar.mT(to_chunks(ar, alpha, chunk, fill=1.0)))
+        pairs = ar.mT(qc)[..., :, :, None] * ar.mT(kc)[..., :, None, :] * gamma
+        scores = ar.fill(ar.sum(pairs, axis=-3), incl, 0.0)
+        q_in, k_out, carry = qc * ar.mT(p_in), kc * ar.mT(gamma[..., chunk - 1, :]), p_in[..., chunk - 1]
     state = ar.held(ar.zeros((B, H, dk, dv)))
     outs = []
     for i in range(qc.shape[2]):
         outs.append(ar.matmul(q_in[:, :, i], state) + ar.matmul(scores[:, :, i], vc[:, :, i]))
         if carry is not None:
-            state = carry[:, :, i, None, None] * state
+            state = carry[:, :, i, :, None] * state
         state = state + ar.matmul(ar.mT(k_out[:, :, i]), vc[:, :, i])
     return ar.stack(outs, axis=2).reshape(B, H, qc.shape[2] * chunk, dv)[:, :, :N]
 

@@ -40,8 +40,9 @@ def prefix_stabilised(p: dict[str, Any], eps: float) -> bool:
 
 def reference(ar: Any, q: Any, k: Any, v: Any, *, causal: bool, projection: Any, eps: float, **p: Any) -> Any:
     """Non-causal: (A V) / (A 1) with the reference code's stabilisers. Causal: the same value, computed
-    as the normalised gated recurrence of the running-maximum key stabiliser (the production form's
-    structure, so that the rounding model describes what the forms compute; proofs/invariants.md)."""
+    as the normalised diagonal gated recurrence of the per-feature running-maximum stabiliser
+    (``featuremaps.favor_causal``: the production form's structure, so that the rounding model
+    describes what the forms compute; proofs/invariants.md)."""
     if causal and prefix_stabilised(p, eps):
         fq, fk, g = favor_causal(ar, q, k, projection, kind=p["kind"], scale=p["scale"])
         return ref_normalised_gated(ar, fq, fk, v, g)
@@ -51,7 +52,7 @@ def reference(ar: Any, q: Any, k: Any, v: Any, *, causal: bool, projection: Any,
 
 def linear_form(ar: Any, q: Any, k: Any, v: Any, *, causal: bool, projection: Any, eps: float, **p: Any) -> Any:
     """The same output by the linear form, the production algorithm of FAVOR+: phi(Q) (phi(K)^T [V, 1]),
-    causal by chunks of 64 tokens (``common.chunked_gated_recurrence``, with the running-maximum decays
+    causal by chunks of 64 tokens (``common.chunked_gated_recurrence``, with the per-feature decays
     where the reference uses them). Equal to ``reference`` in exact arithmetic; with trigonometric
     features its signed terms cancel in another order than the quadratic form's, so the low-precision
     rules take the larger of the two errors as their yardstick (proofs/low-precision-rule.md)."""
@@ -76,7 +77,7 @@ def torch_forward(
     q: Any, k: Any, v: Any, *, causal: bool, form: str, chunk_size: int, projection: Any, eps: float, **p: Any
 ) -> Any:
     """Non-causal: the reference code's stabilisers. Causal (stabilised, no eps): keys by their
-    running maximum with the matching decays (``favor_keys_prefix``), so no future token enters."""
+    running maximum, feature by feature, with the matching decays (``favor_causal``), so no future token enters."""
     w = projection.to(dtype=q.dtype, device=q.device)
     if causal and prefix_stabilised(p, eps):
         fq, fk, g = favor_causal(TORCH, q, k, w, kind=p["kind"], scale=p["scale"])

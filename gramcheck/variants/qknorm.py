@@ -81,7 +81,7 @@ def features_performer(ar: Any, q: Any, k: Any, *, projection: Any, stabilize: b
 
 
 def reference_performer(ar: Any, q: Any, k: Any, v: Any, *, causal: bool, projection: Any, **p: Any) -> Any:
-    if causal:  # the running-maximum key stabiliser, as the causal forms compute it
+    if causal:  # the per-feature running-maximum stabiliser, as the causal forms compute it
         fq, fk, g = favor_causal(ar, *_normed(ar, q, k, p), projection, scale=1.0)
         return ref_normalised_gated(ar, fq, fk, v, g)
     fq, fk = features_performer(ar, q, k, projection=projection, **p)
@@ -97,7 +97,7 @@ def torch_performer(
 ) -> Any:
     qn, kn = _normed(TORCH, q, k, p)
     w = projection.to(dtype=q.dtype, device=q.device)
-    if causal:  # running-maximum key stabiliser: causal bit for bit (featuremaps.favor_keys_prefix)
+    if causal:  # running-maximum key stabiliser: causal bit for bit (featuremaps.favor_causal)
         fq, fk, g = favor_causal(TORCH, qn, kn, w, scale=1.0)
         return torch_normalised(fq, fk, v, causal=True, form=form, chunk_size=chunk_size, g=g)
     fq = favor(TORCH, qn, w, kind="positive", is_query=True, scale=1.0)
