@@ -106,19 +106,59 @@ def naive_definition(
     return ar.stored(ball)
 
 
-def naive_forms(variant: Any, q: Any, k: Any, v: Any, *, causal: bool, dtype: Any, **kwargs: Any) -> list[Naive]:
+def naive_forms(
+    variant: Any, q: Any, k: Any, v: Any, *, causal: bool, dtype: Any, reverse: bool = False, **kwargs: Any
+) -> list[Naive]:
     """The low-precision rules' yardsticks: the definition, then each other standard algorithm of the
     variant (``Variant.algorithms``), evaluated with every operation rounded to ``dtype``, each with its
-    wide-range twin."""
+    wide-range twin; ``reverse``: with every sum accumulated from the other end (``RoundedArith``)."""
     var = _variants.get(variant)
     rounded = []
     for wide in (False, True):
-        ar = RoundedArith(dtype, wide_range=wide)
+        ar = RoundedArith(dtype, wide_range=wide, reverse=reverse)
         with np.errstate(all="ignore"):
             outs = [var.reference(q, k, v, causal=causal, arith=ar, **kwargs)]
             outs += var.algorithms(q, k, v, causal=causal, arith=ar, **kwargs)
         rounded.append([ar.stored(x) for x in outs])
     return [Naive(a, b) for a, b in zip(*rounded, strict=True)]
+
+
+class Yardsticks:
+    """The rule's yardsticks for one input, evaluated when first needed: ``forward()`` sums from the start,
+    ``both()`` adds every form summed from the end. A larger yardstick only passes more, so a rule asks
+    for both orders only where the target fails against the first (proofs/low-precision-rule.md,
+    "Summation order")."""
+
+    def __init__(self, variant: Any, q: Any, k: Any, v: Any, *, causal: bool, dtype: Any, **kwargs: Any):
+        self._args = (variant, q, k, v)
+        self._kw = {"causal": causal, "dtype": dtype, **kwargs}
+
+    @functools.cached_property
+    def _forward(self) -> list[Naive]:
+        return naive_forms(*self._args, **self._kw)
+
+    @functools.cached_property
+    def _both(self) -> list[Naive]:
+        return self._forward + naive_forms(*self._args, reverse=True, **self._kw)
+
+    def forward(self) -> list[Naive]:
+        return self._forward
+
+    def both(self) -> list[Naive]:
+        return self._both
+
+    def error(
+        self,
+        truth_value: np.ndarray,
+        judged: np.ndarray,
+        u: float,
+        size: Callable[[np.ndarray], float],
+        fails: Callable[[float], bool],
+    ) -> float:
+        """``yardstick_error`` over the first order's forms, or over both where ``fails`` says the target
+        fails against the first."""
+        e = yardstick_error(self.forward(), truth_value, judged, u, size)
+        return yardstick_error(self.both(), truth_value, judged, u, size) if fails(e) else e
 
 
 @dataclass(frozen=True)
@@ -243,10 +283,7 @@ def check_agreement(
     rms = float(np.sqrt(np.mean(finite_approx**2))) if finite_approx.size else 0.0
     fallback = u * np.maximum(finite_approx, np.maximum(rms, 2.0**-30 * scale))
 
-    @functools.cache
-    def naive() -> list[Naive]:
-        """The rule's yardsticks (``naive_forms``), evaluated once, when a rule first needs them."""
-        return naive_forms(var, q, k, v, causal=causal, dtype=dtype, **kwargs)
+    naive = Yardsticks(var, q, k, v, causal=causal, dtype=dtype, **kwargs)
 
     @functools.cache
     def noise() -> np.ndarray:
@@ -259,7 +296,7 @@ def check_agreement(
     first = np.where(vacuous_guess, np.minimum(pbound, bound), bound)
     need = first
     if vacuous_guess.any():
-        definition = naive()[0]
+        definition = naive.forward()[0]
         with np.errstate(invalid="ignore"):
             miss = np.abs(definition.value - approx)
         lp_need = np.where(definition.in_range(approx, u), np.maximum(fallback, miss), np.inf)
@@ -298,7 +335,7 @@ def _judge(
     bound: np.ndarray,
     pbound: np.ndarray,
     probability: float,
-    naive: Callable[[], list[Naive]],
+    naive: Yardsticks,
     u: float,
     dtype: Any,
     noise: Callable[[], np.ndarray],
@@ -337,7 +374,7 @@ def _judge(
     rest &= ~noisy
     lp_count, unbounded = 0, int(rest.sum()) + int(noisy.sum())
     if rest.any():
-        forms = naive()
+        forms = naive.forward()
         lp_all = rest & forms[0].in_range(t.value, u)
         lp_count, unbounded = int(lp_all.sum()), int((rest & ~lp_all).sum()) + int(noisy.sum())
         r_lp, lp = -1.0, lp_all
@@ -346,11 +383,15 @@ def _judge(
             def norm(x: np.ndarray, m: np.ndarray = lp_s) -> float:  # Frobenius norm over the rule's entries
                 return float(np.sqrt(np.sum(np.where(m, x, 0.0) ** 2)))
 
-            e_t, t_bound = norm(err), norm(t.bound)
-            # the yardstick's error, at least: its distance to the truth's value less the truth's bound
-            e_n = max(yardstick_error(forms, t.value, lp_s, u, norm) - t_bound, 0.0)
-            size = norm(t.value)
-            b_lp = LOW_PRECISION_K * e_n + LOW_PRECISION_FLOOR_ULPS * u * size
+            e_t, t_bound, size = norm(err), norm(t.bound), norm(t.value)
+
+            def rule(e: float, t_bound: float = t_bound, size: float = size) -> tuple[float, float]:
+                """(yardstick error, bound) from the yardstick's distance to the truth's value, net of
+                the truth's bound (the yardstick errs at least that much)."""
+                e_n = max(e - t_bound, 0.0)
+                return e_n, LOW_PRECISION_K * e_n + LOW_PRECISION_FLOOR_ULPS * u * size
+
+            e_n, b_lp = rule(naive.error(t.value, lp_s, u, norm, lambda e, e_t=e_t: e_t > rule(e)[1]))
             r_s = e_t / b_lp if b_lp > 0 else (0.0 if e_t == 0 else float("inf"))
             # a failure that holds at the truth's most favourable value is settled; a pass always is
             e_t_least = max(norm(np.abs(out - t.value)) - t_bound, 0.0)

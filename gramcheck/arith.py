@@ -575,10 +575,10 @@ class _ModelBackend(_F64Backend):
     over it bounds, to first order, the rounding error of the same formula evaluated in that format."""
 
     def __init__(self, dtype: Any):
-        from .precision import dtype_name, smallest_subnormal, unit_roundoff
+        from .precision import dtype_name, underflow_unit, unit_roundoff
 
         self.u = unit_roundoff(dtype) + math.ldexp(1.0, -53)
-        self.eta = smallest_subnormal(dtype)
+        self.eta = underflow_unit(dtype)
         self.name = f"model-{dtype_name(dtype)}"
 
 
@@ -703,18 +703,21 @@ class RoundedArith(BallArith):
     reference of the low-precision rule (proofs/low-precision-rule.md, "Constants as kernels compute
     them", "States and decays in float32"). ``wide_range`` rounds to the
     dtype's significand in float64's exponent range, which tells the dtype's rounding from its
-    underflow and overflow."""
+    underflow and overflow. ``reverse`` accumulates every sum and product from the other end of its
+    axis (prefix sums excepted): the same algorithm in another summation order, whose error can differ
+    several-fold where terms cancel (proofs/low-precision-rule.md, "Summation order")."""
 
     enclosing = False
 
-    def __init__(self, dtype: Any, *, wide_range: bool = False):
+    def __init__(self, dtype: Any, *, wide_range: bool = False, reverse: bool = False):
         from .precision import dtype_name
 
         super().__init__(_F64Backend())
         self.dtype = dtype_name(dtype)
         self.held_dtype = "float64" if self.dtype == "float64" else "float32"
         self.wide_range = wide_range
-        self.name = f"rounded-{self.dtype}" + ("-wide" if wide_range else "")
+        self.reverse = reverse
+        self.name = f"rounded-{self.dtype}" + ("-wide" if wide_range else "") + ("-reversed" if reverse else "")
 
     def held(self, x: Any) -> Ball:
         x = self._lift(x)
@@ -820,6 +823,8 @@ class RoundedArith(BallArith):
         return np.frexp(top)[1]
 
     def _in_float32(self, op: Any, *xs: np.ndarray, **kw: Any) -> np.ndarray:
+        if self.reverse and op is not np.cumsum:  # the same sums, accumulated from the other end
+            xs = (np.flip(xs[0], -1), np.flip(xs[1], -2)) if op is np.matmul else (np.flip(xs[0], kw["axis"]),)
         if self.dtype == "float64":
             return op(*xs, **kw)
         with np.errstate(over="ignore", invalid="ignore"):

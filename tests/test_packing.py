@@ -87,3 +87,30 @@ def test_isolation_counts_equal_infinities_as_equal():
     r = check(gla_with_infinite_entries, "gla", causal=True, properties=["packing-isolation"],
               domain={"max_n": 96, "max_d": 16})  # fmt: skip
     assert r.passed, r.summary()
+
+
+def test_isolation_allows_the_packed_definitions_rounding(monkeypatch):
+    """performer-trig, causal, float32 (seed 1's ci check, a long input, N = 160, d = 4, cuts [0, 48, 127,
+    160]): a causal-rounding variant may change a sequence's outputs within the two runs' rounding
+    bounds when other sequences change. Those are the bounds of the packed definition, each sequence
+    from its own first token; the bounds of the row as one sequence (what the property used) are the
+    bounds of another computation, smaller on sequence 3's rows, and the builtin failed there (1.44)."""
+    from pathlib import Path
+
+    import gramcheck.properties.packing as PK
+    from gramcheck.properties.base import bound_of
+    from gramcheck.strategies import AttentionInputs
+    from gramcheck.targets import builtin
+
+    a = dict(np.load(Path(__file__).parent / "data" / "performer_trig_f32_packed_long.npz"))
+    ex = AttentionInputs(a.pop("q"), a.pop("k"), a.pop("v"), a, "long", "float32", {})
+    t = builtin("performer-trig", dtype="float32")
+    assert PK.cu_seqlens_of(PK._row(ex), 160).tolist() == [0, 48, 127, 160]
+    assert PK.packing_isolation(t, ex, causal=True).passed
+
+    def unpacked(target, ex, *, causal, v=None, **extras):
+        extras.pop("cu_seqlens", None)
+        return bound_of(target, ex, causal=causal, v=v, **extras)
+
+    monkeypatch.setattr(PK, "bound_of", unpacked)
+    assert PK.packing_isolation(t, ex, causal=True).measured > 1.2

@@ -8,12 +8,11 @@ import numpy as np
 
 from ..agreement import (
     LOW_PRECISION_K,
+    Yardsticks,
     check_agreement,
-    naive_forms,
     per_slice,
     rounding_noise,
     slice_magnitude,
-    yardstick_error,
 )
 from ..findings import Finding
 from ..oracle import truth
@@ -49,7 +48,7 @@ def agreement(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding |
 def low_precision(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding | None:
     """max|T - truth| <= k max|naive - truth| + 4 u max(|truth|, |v|) with k = 2, the naive reference being the
     definition computed in the same dtype, or the variant's other standard algorithm there where that
-    errs more (``agreement.naive_forms``; proofs/low-precision-rule.md), over the entries that are not
+    errs more (``agreement.Yardsticks``; proofs/low-precision-rule.md), over the entries that are not
     rounding noise (``agreement.rounding_noise``, as agreement judges them; a non-finite output there is
     still judged). Where the naive definition itself is not finite the rule gives no bound and the
     Finding says so (agreement still applies)."""
@@ -66,7 +65,7 @@ def low_precision(target: Target, ex: AttentionInputs, *, causal: bool) -> Findi
     judged = defined & ~noisy
     if not judged.any():
         return None  # every entry is rounding noise: this input judges nothing
-    forms = naive_forms(var, ex.q, ex.k, ex.v, causal=causal, dtype=target.dtype, **kw)
+    forms = Yardsticks(var, ex.q, ex.k, ex.v, causal=causal, dtype=target.dtype, **kw)
     u = unit_roundoff(target.dtype)
     measured, details = -1.0, dict[str, Any]()
     for at, j in per_slice(judged):  # each (batch, head) slice on its own; the worst one reported
@@ -75,10 +74,12 @@ def low_precision(target: Target, ex: AttentionInputs, *, causal: bool) -> Findi
             return float(np.max(np.where(m, np.where(np.isnan(diff), np.inf, diff), 0.0), initial=0.0))
 
         err_t = largest(np.abs(out - t.value))
-        err_n = yardstick_error(forms, t.value, j, u, largest)
         # the scale of the output: |truth|, or |v| where the truth cancels to (near) zero
         scale = max(float(np.max(np.abs(value[at]))), float(np.max(np.abs(ex.v[at]))))
         floor = LOW_PRECISION_FLOOR_ULPS * u * scale
+        err_n = forms.error(
+            t.value, j, u, largest, lambda e, err_t=err_t, floor=floor: err_t > LOW_PRECISION_K * e + floor
+        )
         bound = LOW_PRECISION_K * err_n + floor
         if not np.isfinite(bound):
             r, note = 0.0, "the naive reference is not finite in this dtype: the rule gives no bound"

@@ -222,8 +222,10 @@ def packing_isolation(target: Target, ex: AttentionInputs, *, causal: bool) -> F
         if _undefined(target, changed, causal):
             continue
         out = target.run(changed.q, changed.k, changed.v, causal=causal, cu_seqlens=cu, **changed.extras)
-        if rounding:
-            both = bound_of(target, ex, causal=causal) + bound_of(target, changed, causal=causal)
+        if rounding:  # the bounds of the packed definition: each sequence from its own first token
+            both = bound_of(target, ex, causal=causal, cu_seqlens=cu) + bound_of(
+                target, changed, causal=causal, cu_seqlens=cu
+            )
             tol[:, :, a:b] = both[:, :, a:b]
         diffs[:, :, a:b] = _diff(out[:, :, a:b], base[:, :, a:b])  # equal infinities and NaN in both agree
     return parts_finding(

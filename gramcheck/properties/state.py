@@ -278,11 +278,20 @@ class Vacuous:
         parts: dict[str, NormPart] = {}
         if not any(m.any() for m in rule):
             return parts, rule
-        naives = naive_with_state(target, ex, s0)
         names = ("out", "final_state")
-        for name, mask, err, truth, rad, naive in zip(names, rule, errors, truths, rads, naives, strict=True):
-            for idx, j, bound in rule_in_norm(mask, truth, rad, naive, self.u):
-                parts[f"{name}[{','.join(map(str, idx))}]"] = NormPart(err[idx][j], factor * bound)
+
+        def judged_by(naives: tuple[list[np.ndarray], list[np.ndarray]]) -> dict[str, NormPart]:
+            parts = {}
+            for name, mask, err, truth, rad, naive in zip(names, rule, errors, truths, rads, naives, strict=True):
+                for idx, j, bound in rule_in_norm(mask, truth, rad, naive, self.u):
+                    parts[f"{name}[{','.join(map(str, idx))}]"] = NormPart(err[idx][j], factor * bound)
+            return parts
+
+        forward = naive_with_state(target, ex, s0)
+        parts = judged_by(forward)
+        if any(not p.error <= p.bound for p in parts.values()):  # both summation orders where it can matter
+            reverse = naive_with_state(target, ex, s0, reverse=True)
+            parts = judged_by((forward[0] + reverse[0], forward[1] + reverse[1]))
         return parts, rule
 
     def counts(self, rule: tuple[np.ndarray, np.ndarray]) -> dict[str, dict[str, int]]:
@@ -310,12 +319,13 @@ def vacuous(target: Target, ex: AttentionInputs, s0: np.ndarray | None, bounds: 
 
 
 def naive_with_state(
-    target: Target, ex: AttentionInputs, s0: np.ndarray | None
+    target: Target, ex: AttentionInputs, s0: np.ndarray | None, *, reverse: bool = False
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """([out], [S_N]) of the definition, then of each other standard algorithm of the variant
     (``Variant.algorithms``), evaluated in the target's dtype (``RoundedArith``: the state held in
-    float32, the output stored in the dtype) from S_0: the low-precision rule's yardsticks."""
-    ar = RoundedArith(target.dtype)
+    float32, the output stored in the dtype) from S_0: the low-precision rule's yardsticks; ``reverse``:
+    every sum accumulated from the other end (proofs/low-precision-rule.md, "Summation order")."""
+    ar = RoundedArith(target.dtype, reverse=reverse)
     kw = {**target.params, **ex.extras, "initial_state": s0, "output_final_state": True}
     with np.errstate(all="ignore"):
         runs = [_reference(target, ex, ar, initial_state=s0)]
