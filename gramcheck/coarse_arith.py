@@ -13,10 +13,9 @@ a k-operation formula, as ``BallArith`` does. Derivations: proofs/ball-arithmeti
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -39,7 +38,7 @@ def _amax(y: np.ndarray) -> float:
     """max |y| over the array (0 for an empty one); inf where an entry is NaN or infinite."""
     if y.size == 0:
         return 0.0
-    m = float(np.max(np.abs(y)))
+    m = float(np.abs(y).max())
     return m if m < _INF else _INF  # NaN compares False: inf
 
 
@@ -190,11 +189,6 @@ class CoarseArith(Arith):
         undefined = ~np.isfinite(val)
         return val, np.where(undefined, _INF, self.radius(x)), undefined
 
-    @contextlib.contextmanager
-    def _quiet(self) -> Iterator[None]:
-        with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
-            yield
-
     # the four operations -------------------------------------------------------------------------
     def _add(self, a: CoarseBall, b: CoarseBall) -> CoarseBall:
         """r = (r_a + r_b at their maxima) + u |y|: rad = bound_a + bound_b, rel = u."""
@@ -218,7 +212,13 @@ class CoarseArith(Arith):
         if rb:
             rad += a.amax * rb * (1 + ea)
         pos = True if (a._pos and b._pos) else None
-        return CoarseBall(self, y, _inflate(rad, 8), _inflate(rel, 4), pos=pos)
+        # max |y| <= fl(M_a M_b) + eta (rounding is monotone): recorded where both maxima are known or an
+        # operand is small against the output (a broadcast factor), saving a reduction over y
+        mx = None
+        if (a._max is not None or 4 * a.mid.size <= y.size) and (b._max is not None or 4 * b.mid.size <= y.size):
+            mx = a.amax * b.amax * (1 + 2 * _U) + _ETA
+            mx = mx if mx == mx else _INF  # 0 * inf
+        return CoarseBall(self, y, _inflate(rad, 8), _inflate(rel, 4), mx, pos=pos)
 
     def _div(self, a: CoarseBall, b: CoarseBall) -> CoarseBall:
         """With rho = R_b / min |m_b| + e_b < 1 (every |b'| >= |m_b| (1 - rho)):
@@ -238,8 +238,7 @@ class CoarseArith(Arith):
         return CoarseBall(self, y, _inflate(rad, 6), _inflate(frac * (1 + 2 * _U) + _U, 4), pos=pos)
 
     def div(self, a: Any, b: Any) -> CoarseBall:
-        with self._quiet():
-            return self._div(self._lift(a), self._lift(b))
+        return self._div(self._lift(a), self._lift(b))
 
     # elementwise -------------------------------------------------------------------------------
     def exp(self, x: CoarseBall) -> CoarseBall:
@@ -315,7 +314,8 @@ class CoarseArith(Arith):
     def fill(self, x: CoarseBall, keep: np.ndarray, value: float) -> CoarseBall:
         """x where ``keep`` else the exact constant ``value``: kept entries keep their radius."""
         pos = True if (x._pos and value >= 0) else None
-        return CoarseBall(self, np.where(keep, x.mid, float(value)), x.rad, x.rel, pos=pos)
+        mx = None if x._max is None else max(x._max, abs(float(value)))
+        return CoarseBall(self, np.where(keep, x.mid, float(value)), x.rad, x.rel, mx, pos=pos)
 
     def concat(self, xs: Sequence[Any], axis: int = -1) -> CoarseBall:
         bs = [self._lift(x) for x in xs]
@@ -362,7 +362,7 @@ class CoarseArith(Arith):
         n = x.shape[axis]
         if n == 0 or x.size == 0:
             return 0.0
-        s = float(np.max(np.einsum("...ij,...ij->...j", x, x) if axis == -2 else np.einsum("...j,...j->...", x, x)))
+        s = float((np.einsum("...ij,...ij->...j", x, x) if axis == -2 else np.einsum("...j,...j->...", x, x)).max())
         if not s < _INF:
             return _INF
         return _inflate(math.sqrt((s + n * _ETA) * (1 + gamma(2 * n))), 4)
@@ -372,10 +372,13 @@ class CoarseArith(Arith):
         R = rad + rel |mid| is, summed over k,
         c (|A||B|)_ij + rad_A (1 + e_B) ||B_:j||_1 + (1 + e_A) rad_B ||A_i:||_1 + n rad_A rad_B + n eta,
         c = gamma_n + e_A + e_B (1 + e_A). Both operands >= 0: (|A||B|)_ij = (AB)_ij <= (|y| + n eta) / (1 - gamma_n),
-        a relative part c / (1 - gamma_n). Else Cauchy-Schwarz, (|A||B|)_ij <= N_A N_B with N_A = max_i
-        ||A_i:||_2, N_B = max_j ||B_:j||_2, absolute. ||x||_1 <= sqrt(n) ||x||_2 in both. Inflated by
-        k = 2n + 12 (n + 6 as ``BallArith.matmul``; the rest keeps the computed value above the entrywise
-        rule's computed value, which may round up by gamma_n, where Cauchy-Schwarz is tight)."""
+        a relative part c / (1 - gamma_n). Else, absolute, by Cauchy-Schwarz, (|A||B|)_ij <= N_A N_B with
+        N_A = max_i ||A_i:||_2, N_B = max_j ||B_:j||_2, and ||x||_1 <= sqrt(n) ||x||_2; or, where A is much
+        smaller than B (a recurrence's query against its state), (|A||B|)_ij <= L_A M_B with
+        L_A = max_i ||A_i:||_1 and ||B_:j||_1 <= n M_B (one reduction over A, and M_B, which the next step
+        reads anyway). Inflated by k = 2n + 12 (n + 6 as ``BallArith.matmul``; the rest keeps the computed
+        value above the entrywise rule's computed value, which may round up by gamma_n, where the bound is
+        tight)."""
         a, b = self._lift(a), self._lift(b)
         n = np.shape(a.mid)[-1]
         y = np.matmul(a.mid, b.mid)
@@ -384,25 +387,28 @@ class CoarseArith(Arith):
         c = gn + ea + eb * (1 + ea)
         k = 2 * n + 12
         pos = a.nonneg and b.nonneg
-        na = nb = 0.0
-        with self._quiet():
-            if rb or not pos:
-                na = self._norm_up(a.mid, -1)
-            if ra or not pos:
-                nb = self._norm_up(b.mid, -2)
         rad = n * _ETA
         rel = 0.0
         if pos:
             rel = _inflate(c / (1 - gn), k) if gn < 1 else _INF
             rad += rel * n * _ETA
-        else:
-            rad += c * na * nb
-        if ra or rb:
-            root = math.sqrt(n) * (1 + 2 * _U)  # sqrt rounded: the factor keeps it above the exact root
+        if not pos or ra or rb:
+            if 4 * a.mid.size <= b.mid.size:
+                # L_A: a float64 sum of |a| is at least the exact one times (1 - gamma_n)
+                la = float(np.abs(a.mid).sum(axis=-1).max()) / (1 - gn) if a.mid.size else 0.0
+                la = la if la < _INF else _INF
+                ia, ib = la, n * b.amax  # bounds on ||A_i:||_1 and ||B_:j||_1
+                both = la * b.amax  # on (|A||B|)_ij
+            else:
+                na, nb = self._norm_up(a.mid, -1), self._norm_up(b.mid, -2)
+                root = math.sqrt(n) * (1 + 2 * _U)  # sqrt rounded: the factor keeps it above the exact root
+                ia, ib, both = root * na, root * nb, na * nb
+            if not pos:
+                rad += c * both
             if ra:
-                rad += root * ra * (1 + eb) * nb
+                rad += ra * (1 + eb) * ib
             if rb:
-                rad += root * rb * (1 + ea) * na
+                rad += rb * (1 + ea) * ia
             if ra and rb:
                 rad += n * ra * rb
         return CoarseBall(self, y, _inflate(rad, k), rel, pos=True if pos else None)

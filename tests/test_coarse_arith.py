@@ -116,3 +116,24 @@ def test_truth_on_cancelling_inputs_falls_back_and_escalates():
     assert t.tried[:2] == ["float64-coarse", "float64"] and t.escalated and t.met
     exact = V.get(name).reference(q, k, v, arith=HI, **kw)
     assert np.all(_distance(t.value, exact) <= t.bound)
+
+
+@pytest.mark.parametrize("rows", [1, 2])
+def test_products_of_a_small_operand_against_a_large_one(rows):
+    """A (rows x 8) against B (8 x 8), the bound by max ||A_i:||_1 max |B| (a recurrence's query against its
+    state), fuzzy and exact operands: contained and dominating."""
+    rng = np.random.default_rng(rows)
+    a0, b0 = rng.standard_normal((2, rows, 8)), rng.standard_normal((2, 8, 8))
+
+    def formula(ar):
+        a, b = ar.asarray(a0), ar.asarray(b0)
+        fa, fb = ar.exp(a) * a - 0.5, ar.sin(b) * 3.0 + b
+        return [ar.matmul(x, y) for x in (a, fa) for y in (b, fb)]
+
+    with COARSE_F64.context(), BALL_F64.context():
+        coarse_out, ball_out = formula(COARSE_F64), formula(BALL_F64)
+    with HI.context():
+        exact = formula(HI)
+    for c, bl, ex in zip(coarse_out, ball_out, exact, strict=True):
+        value, bound, _ = COARSE_F64.certify64(c)
+        assert np.all(_distance(value, ex) <= bound) and np.all(bound >= BALL_F64.radius(bl))
