@@ -1,14 +1,17 @@
-"""Coarse ball arithmetic over float64: one radius per tensor.
+"""Coarse ball arithmetic over float64: one radius rule per tensor.
 
-A ``CoarseBall`` is a float64 midpoint array together with ONE non-negative float64 number r such that
-|exact - mid| <= r for every entry. Its midpoints are exactly those of the plain float64 evaluation (the
-same NumPy operations on the same values), so it certifies the float64 result at the cost of that
-evaluation plus about one reduction per operation: each rule is ``BallArith``'s entrywise rule with the
-radii replaced by their (scalar) maxima and |mid| by M = max |mid| over the tensor (cached on the ball,
-computed once, lazily; infinite where a midpoint is not finite). Every entrywise rule is non-decreasing in
-the input radii and in |mid| (non-increasing in |denominator|), so the scalar rule dominates it entrywise;
-inner products are bounded by Cauchy-Schwarz. Radii are computed in float64 and inflated by (1 + 2ku) for
-a k-operation formula, as ``BallArith`` does. Derivations: proofs/ball-arithmetic.md, "Coarse first pass".
+A ``CoarseBall`` is a float64 midpoint array together with two non-negative float64 numbers R (absolute)
+and e (relative) such that |exact_i - mid_i| <= R + e |mid_i| for every entry i. Its midpoints are exactly
+those of the plain float64 evaluation (the same NumPy operations on the same values), so it certifies the
+float64 result at about the cost of that evaluation plus one reduction per operation: each rule is
+``BallArith``'s entrywise rule with the radii replaced by their largest values and |mid| by
+M = max |mid| over the tensor (cached on the ball, computed once, lazily; infinite where a midpoint is
+not finite), except that terms proportional to the output's own |y| (rounding errors, exp, quotients,
+sums and products of non-negative tensors) stay relative. Every entrywise rule is non-decreasing in the
+input radii and in |mid| (non-increasing in |denominator|), so the coarse rule dominates it entrywise;
+inner products of signed tensors are bounded by Cauchy-Schwarz. Radii are computed in float64 and
+inflated by (1 + 2ku) for a k-operation formula, as ``BallArith`` does. Derivations:
+proofs/ball-arithmetic.md, "Coarse first pass".
 """
 
 from __future__ import annotations
