@@ -1,9 +1,11 @@
 """Adaptive-precision reference evaluation: the truth, known to a requested accuracy.
 
-``truth`` evaluates the variant's definition in float64 ball arithmetic, which yields the float64
-result together with a rigorous bound on its distance from the exact real result (proofs/
-ball-arithmetic.md), or through the variant's own certified float64 evaluation where it has one
-(``Variant.enclosure``: the delta rule, whose ball radii wrap; proofs/delta-enclosure.md). Where that
+``truth`` evaluates the variant's definition in coarse float64 ball arithmetic first (radius rad + rel |mid| per
+tensor, ``coarse_arith``: about the cost of the plain float64 evaluation), and returns it where that radius
+already meets the request everywhere; otherwise in float64 ball arithmetic (a radius per entry). Either
+yields the float64 result together with a rigorous bound on its distance from the exact real result
+(proofs/ball-arithmetic.md, "Coarse first pass"); a variant's own certified float64 evaluation comes first
+where it has one (``Variant.enclosure``: the delta rule, whose ball radii wrap; proofs/delta-enclosure.md). Where that
 bound already meets the requested accuracy the float64 result is returned; elsewhere the definition is
 re-evaluated in mpmath ball arithmetic, on the batch items that fell short (and, for a causal
 evaluation of an exactly causal variant, only the tokens up to the last entry that fell short), with a
@@ -24,6 +26,7 @@ import numpy as np
 from . import variants as _variants
 from .arb_arith import ArbArith, available
 from .arith import BALL_F64, BallArith, BallMP
+from .coarse_arith import COARSE_F64
 
 GUARD_BITS = 10
 
@@ -31,7 +34,8 @@ GUARD_BITS = 10
 @dataclass
 class Truth:
     """The reference output (float64, shape of the output) and a componentwise bound with
-    |value - exact| <= bound. ``arithmetic`` names what certified it ('float64' or 'mpmath[p]');
+    |value - exact| <= bound. ``arithmetic`` names what certified it ('float64-coarse', 'float64',
+    'arb[p]' or 'mpmath[p]');
     ``undefined`` marks entries whose exact value is not a finite number (e.g. 0/0)."""
 
     value: np.ndarray
@@ -44,7 +48,7 @@ class Truth:
 
     @property
     def escalated(self) -> bool:
-        return self.arithmetic != "float64"
+        return self.arithmetic not in ("float64", COARSE_F64.name)
 
 
 def _tolerance(value: np.ndarray, digits: float | None, atol: Any) -> np.ndarray:
@@ -90,6 +94,11 @@ def truth(
 
     certified = var.enclosure(q, k, v, causal=causal, **kwargs)  # the variant's own, where ball radii wrap
     if certified is None:
+        coarse = var.reference(q, k, v, causal=causal, arith=COARSE_F64, **kwargs)
+        value, bound, undefined = COARSE_F64.certify64(coarse)
+        tried.append(COARSE_F64.name)
+        if not undefined.any() and not (bound > _tolerance(value, digits, atol)).any():
+            return Truth(value, bound, COARSE_F64.name, 53, True, undefined, tried)
         ball = var.reference(q, k, v, causal=causal, arith=BALL_F64, **kwargs)
         certified = BALL_F64.to_float64(ball), BALL_F64.radius(ball)
     value, bound = certified

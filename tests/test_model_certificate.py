@@ -214,7 +214,7 @@ def test_truth_given_escalates_only_what_the_certificate_misses():
     bound[1, 0, 5] = np.inf  # item 1, token 5: the causal prefix 0..5 of item 1 is recomputed
     t = truth_given("softmax", q, k, v, (ref, bound), causal=True, digits=None, atol=1e-12)
     full = truth("softmax", q[1:2], k[1:2], v[1:2], causal=True, digits=None, atol=1e-12)
-    assert t.met and t.tried[0] == "float64 (given)" and t.tried[1:] == ["float64"]
+    assert t.met and t.tried[0] == "float64 (given)" and t.tried[1:] == ["float64-coarse"]
     np.testing.assert_array_equal(t.bound[[0, 2]], bound[[0, 2]])
     np.testing.assert_array_equal(t.value[1, :, :6], full.value[0, :, :6])
     np.testing.assert_array_equal(t.bound[1, :, 6:], bound[1, :, 6:])
