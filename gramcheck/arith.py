@@ -308,13 +308,46 @@ def _gt(x: Any, c: float) -> np.ndarray:
 # --------------------------------------------------------------------------------------------------
 # ball arithmetic
 # --------------------------------------------------------------------------------------------------
-class Ball:
+class Operators:
+    """``+ - * /`` of an enclosure type, with arrays of the arithmetic or exact Python scalars on either
+    side, delegated to its arithmetic ``ar`` (``_lift``, ``_add``, ``_mul``, ``_div``); the type defines
+    ``__neg__``."""
+
+    __array_ufunc__ = None  # make numpy defer to our reflected operators
+    __slots__ = ()
+    ar: Any
+
+    def __add__(self, o: Any) -> Any:
+        return self.ar._add(self, self.ar._lift(o))
+
+    __radd__ = __add__
+
+    def __sub__(self, o: Any) -> Any:
+        return self.ar._add(self, -self.ar._lift(o))
+
+    def __rsub__(self, o: Any) -> Any:
+        return self.ar._add(self.ar._lift(o), -self)
+
+    def __neg__(self) -> Any:
+        raise NotImplementedError
+
+    def __mul__(self, o: Any) -> Any:
+        return self.ar._mul(self, self.ar._lift(o))
+
+    __rmul__ = __mul__
+
+    def __truediv__(self, o: Any) -> Any:
+        return self.ar._div(self, self.ar._lift(o))
+
+    def __rtruediv__(self, o: Any) -> Any:
+        return self.ar._div(self.ar._lift(o), self)
+
+
+class Ball(Operators):
     """A midpoint-radius enclosure: the exact value lies in [mid - rad, mid + rad] entrywise. ``exact``
     marks a ball known to have radius 0 everywhere (a lifted input or constant, or a slice or
     rearrangement of one), so that operations can skip its radius terms without looking at them.
     ``held`` marks a value a kernel holds in float32 (``Arith.held``; only ``RoundedArith`` reads it)."""
-
-    __array_ufunc__ = None  # make numpy defer to our reflected operators
 
     def __init__(self, ar: BallArith, mid: Any, rad: Any, exact: bool = False, held: bool = False):
         self.ar = ar
@@ -337,30 +370,8 @@ class Ball:
     def reshape(self, *shape: Any) -> Ball:
         return Ball(self.ar, np.reshape(self.mid, shape), np.reshape(self.rad, shape), self.exact, self.held)
 
-    def __add__(self, o: Any) -> Ball:
-        return self.ar._add(self, self.ar._lift(o))
-
-    __radd__ = __add__
-
-    def __sub__(self, o: Any) -> Ball:
-        return self.ar._add(self, -self.ar._lift(o))
-
-    def __rsub__(self, o: Any) -> Ball:
-        return self.ar._add(self.ar._lift(o), -self)
-
     def __neg__(self) -> Ball:
         return Ball(self.ar, -self.mid, self.rad, self.exact, self.held)
-
-    def __mul__(self, o: Any) -> Ball:
-        return self.ar._mul(self, self.ar._lift(o))
-
-    __rmul__ = __mul__
-
-    def __truediv__(self, o: Any) -> Ball:
-        return self.ar._div(self, self.ar._lift(o))
-
-    def __rtruediv__(self, o: Any) -> Ball:
-        return self.ar._div(self.ar._lift(o), self)
 
     def __repr__(self) -> str:
         return f"Ball(shape={self.shape}, arith={self.ar.name})"

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from .arith import Arith, _F64Backend
+from .arith import Arith, Operators, _F64Backend
 from .precision import gamma as _gamma_n
 
 _U = math.ldexp(1.0, -53)
@@ -51,13 +51,12 @@ def _inflate(r: float, k: int) -> float:
     return r if r == r else _INF
 
 
-class CoarseBall:
+class CoarseBall(Operators):
     """Midpoints ``mid`` (float64 array) and two numbers for every entry's radius: |exact - mid_i| <=
     ``rad`` + ``rel`` |mid_i| (an absolute and a relative part, both non-negative). ``_max`` caches an
     upper bound on max |mid| (exact where computed here; a slice keeps its source's), ``_pos`` whether
     every midpoint is >= 0."""
 
-    __array_ufunc__ = None  # NumPy defers to the reflected operators
     __slots__ = ("ar", "mid", "rad", "rel", "_max", "_pos", "_src")
 
     def __init__(
@@ -119,28 +118,6 @@ class CoarseBall:
 
     def __neg__(self) -> CoarseBall:
         return CoarseBall(self.ar, -self.mid, self.rad, self.rel, self._max)
-
-    def __add__(self, o: Any) -> CoarseBall:
-        return self.ar._add(self, self.ar._lift(o))
-
-    __radd__ = __add__
-
-    def __sub__(self, o: Any) -> CoarseBall:
-        return self.ar._add(self, -self.ar._lift(o))
-
-    def __rsub__(self, o: Any) -> CoarseBall:
-        return self.ar._add(self.ar._lift(o), -self)
-
-    def __mul__(self, o: Any) -> CoarseBall:
-        return self.ar._mul(self, self.ar._lift(o))
-
-    __rmul__ = __mul__
-
-    def __truediv__(self, o: Any) -> CoarseBall:
-        return self.ar._div(self, self.ar._lift(o))
-
-    def __rtruediv__(self, o: Any) -> CoarseBall:
-        return self.ar._div(self.ar._lift(o), self)
 
     def __repr__(self) -> str:
         return f"CoarseBall(shape={self.shape}, rad={self.rad!r}, rel={self.rel!r})"
