@@ -113,7 +113,9 @@ def favor_causal(
         phi(k_s)_j = exp(L^k_sj - M_sj) F_sj / sqrt(count),  g_tj = M_{t-1,j} - M_tj <= 0  (g_1 = 0),
         phi(q_t)_j = exp(L^q_tj - (c_t - M_tj)) F_tj / sqrt(count),
 
-    shapes (B, H, N, count) and g (B, H, N, count) (trig: (B, H, N, 1)). The diagonal gated recurrence
+    shapes (B, H, N, count) and g (B, H, N, count). Trigonometric features have one log-amplitude per
+    token: M_t and c_t are factors of row t there, so g has one column and the query is shifted by its
+    own L^q_t alone (exactly 0). The diagonal gated recurrence
     S_t = diag(e^{g_t}) S_{t-1} + phi(k_t) v_t^T holds S_tj = sum_{s<=t} e^{L^k_sj - M_tj} F_sj v_s / sqrt(count),
     and phi(q_t)^T S_t is e^{-c_t} times the unstabilised sum: a factor per row that cancels in the
     normalised output. Every feature of the state has a term of weight 1 (its maximising key) and the
@@ -124,7 +126,11 @@ def favor_causal(
     lk, mk, _, _ = _favor_parts(ar, k, projection, kind, scale)
     run = ar.running_max(lk, -2)
     g = ar.concat([run[..., :1, :], run[..., :-1, :]], axis=-2) - run
-    fk, fq = ar.exp(lk - run), ar.exp(ar.shifted(lq, run, -1))
+    if run.shape[-1] == 1:  # one log-amplitude per token (trig): M_t is a factor of row t, which cancels
+        fq = ar.exp(lq - ar.stop_max(lq, -1))
+    else:
+        fq = ar.exp(ar.shifted(lq, run, -1))
+    fk = ar.exp(lk - run)
     if mk is not None:
         fk, fq = fk * mk, fq * mq
     norm = 1.0 / ar.sqrt(ar.const(count))

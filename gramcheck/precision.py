@@ -122,19 +122,12 @@ def smallest_subnormal(dtype: Any) -> float:
     return math.ldexp(1.0, _RANGE[dtype_name(dtype)][0])
 
 
-# formats whose kernels compute in float32, where subnormal results may be flushed to zero
-_FLUSHING = ("float32", "tf32", "bfloat16")
-
-
 def underflow_unit(dtype: Any) -> float:
-    """eta of the rounding model: the absolute error of one operation whose result underflows. float32,
-    tf32 and bfloat16 kernels compute in float32, where flushing subnormal results to zero is common
-    (Triton's exp lowers to ex2.approx.ftz.f32, CUDA code built with -ftz=true, x86 under FTZ/DAZ,
-    torch.set_flush_denormal), so an underflowing result may err by float32's smallest normal number,
-    2^-126; float16 and float64 results are stored with gradual underflow (their smallest subnormal,
-    2^-24 and 2^-1074, far above a float32 flush). proofs/fp-forward-error.md, "Underflow"."""
-    name = dtype_name(dtype)
-    return math.ldexp(1.0, -126) if name in _FLUSHING else smallest_subnormal(name)
+    """eta of the rounding model: the absolute error charged to every operation for underflow, under
+    gradual underflow (the smallest subnormal). A flushing unit (2^-126 for float32-computing formats)
+    charged to every operation passed outputs several percent off wherever intermediates sit below about
+    2^-102 without ever reaching the flush range (proofs/fp-forward-error.md, "Underflow")."""
+    return smallest_subnormal(dtype)
 
 
 def max_finite(dtype: Any) -> float:

@@ -246,19 +246,15 @@ def test_trigonometric_favor_denominators_cancelling_below_the_features_rounding
 
 
 # --- underflow ----------------------------------------------------------------------------------------
-def test_the_chunked_delta_rule_from_a_large_state_at_subnormal_outputs(monkeypatch):
+@pytest.mark.xfail(strict=True, reason="open false alarm: a chunked algorithm cancelling subnormal terms")
+def test_the_chunked_delta_rule_from_a_large_state_at_subnormal_outputs():
     """Gated DeltaNet from a state 190 times its updates, decays of e^-29 and e^-74 at tokens 3-4 (seed 1,
     float32): the output there is 3e-45 and the chunked algorithm (the builtin's, fla's) cancels subnormal
-    terms to get it, erring 4.4e-44. Against gradual underflow's eta (2^-149) the recurrence's bound was
-    1.2e-44 (3.53); with the flushing eta of float32-computing kernels (2^-126) it passes
+    terms to get it, erring 4.4e-44 against the recurrence's bound with gradual underflow's eta, 1.2e-44
+    (3.53). A flushing eta (2^-126) passes it at 0.069 but passed wrong outputs elsewhere, and is withdrawn
     (proofs/fp-forward-error.md, "Underflow")."""
-    import gramcheck.precision as P
-
     ex = _example("gated_deltanet_state_underflow", "float32", "outliers")
-    t = builtin("gated-deltanet", dtype="float32")
-    assert state_agreement(t, ex, causal=True).passed
-    monkeypatch.setattr(P, "underflow_unit", P.smallest_subnormal)
-    assert state_agreement(t, ex, causal=True).measured > 3
+    assert state_agreement(builtin("gated-deltanet", dtype="float32"), ex, causal=True).passed
 
 
 # --- vanishing denominators ---------------------------------------------------------------------------
