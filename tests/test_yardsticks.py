@@ -385,6 +385,6 @@ def test_trigonometric_favor_in_float32_where_a_denominator_cancels():
     row 42 (|o| ~ 480) the rounding model's denominator straddles 0, so the rule in norm judges, and
     torch's recurrent and chunked forms err 2.5-6.7x the shim's evaluations of the same algorithms in
     float32 in either summation order: the features' roundings amplified by the cancellation
-    (proofs/low-precision-rule.md, "Summation order"). The builtin fails at 1.27."""
+    (proofs/low-precision-rule.md, "Summation order"). The builtin fails at 1.08."""
     ex = _example("performer_trig_f32_causal_heavy_tail", "float32", "heavy-tail")
     assert _agreement_of(builtin("performer-trig", dtype="float32"), ex).passed
