@@ -124,28 +124,21 @@ def naive_forms(
 
 
 class Yardsticks:
-    """The rule's yardsticks for one input, evaluated when first needed: ``forward()`` sums from the start,
-    ``both()`` adds every form summed from the end. A larger yardstick only passes more, so a rule asks
-    for both orders only where the target fails against the first (proofs/low-precision-rule.md,
-    "Summation order")."""
+    """The rule's yardsticks for one input in the two summation orders, evaluated when first needed:
+    ``evaluate(reverse)`` gives one order's list; ``forward`` sums from the start, ``both`` adds every
+    form summed from the end. A larger yardstick only passes more, so a rule asks for both orders only
+    where the target fails against the first (proofs/low-precision-rule.md, "Summation order")."""
 
-    def __init__(self, variant: Any, q: Any, k: Any, v: Any, *, causal: bool, dtype: Any, **kwargs: Any):
-        self._args = (variant, q, k, v)
-        self._kw = {"causal": causal, "dtype": dtype, **kwargs}
-
-    @functools.cached_property
-    def _forward(self) -> list[Naive]:
-        return naive_forms(*self._args, **self._kw)
+    def __init__(self, evaluate: Callable[[bool], list[Any]]):
+        self._evaluate = evaluate
 
     @functools.cached_property
-    def _both(self) -> list[Naive]:
-        return self._forward + naive_forms(*self._args, reverse=True, **self._kw)
+    def forward(self) -> list[Any]:
+        return self._evaluate(False)
 
-    def forward(self) -> list[Naive]:
-        return self._forward
-
-    def both(self) -> list[Naive]:
-        return self._both
+    @functools.cached_property
+    def both(self) -> list[Any]:
+        return self.forward + self._evaluate(True)
 
     def error(
         self,
@@ -155,10 +148,16 @@ class Yardsticks:
         size: Callable[[np.ndarray], float],
         fails: Callable[[float], bool],
     ) -> float:
-        """``yardstick_error`` over the first order's forms, or over both where ``fails`` says the target
-        fails against the first."""
-        e = yardstick_error(self.forward(), truth_value, judged, u, size)
-        return yardstick_error(self.both(), truth_value, judged, u, size) if fails(e) else e
+        """``yardstick_error`` over the first order's forms (``Naive``), or over both where ``fails`` says
+        the target fails against the first."""
+        e = yardstick_error(self.forward, truth_value, judged, u, size)
+        return yardstick_error(self.both, truth_value, judged, u, size) if fails(e) else e
+
+
+def naive_yardsticks(variant: Any, q: Any, k: Any, v: Any, *, causal: bool, dtype: Any, **kwargs: Any) -> Yardsticks:
+    """``naive_forms`` in both summation orders, each evaluated when first needed."""
+    kw = {"causal": causal, "dtype": dtype, **kwargs}
+    return Yardsticks(lambda reverse: naive_forms(variant, q, k, v, reverse=reverse, **kw))
 
 
 @dataclass(frozen=True)
@@ -283,7 +282,7 @@ def check_agreement(
     rms = float(np.sqrt(np.mean(finite_approx**2))) if finite_approx.size else 0.0
     fallback = u * np.maximum(finite_approx, np.maximum(rms, 2.0**-30 * scale))
 
-    naive = Yardsticks(var, q, k, v, causal=causal, dtype=dtype, **kwargs)
+    naive = naive_yardsticks(var, q, k, v, causal=causal, dtype=dtype, **kwargs)
 
     @functools.cache
     def noise() -> np.ndarray:
@@ -296,7 +295,7 @@ def check_agreement(
     first = np.where(vacuous_guess, np.minimum(pbound, bound), bound)
     need = first
     if vacuous_guess.any():
-        definition = naive.forward()[0]
+        definition = naive.forward[0]
         with np.errstate(invalid="ignore"):
             miss = np.abs(definition.value - approx)
         lp_need = np.where(definition.in_range(approx, u), np.maximum(fallback, miss), np.inf)
@@ -374,7 +373,7 @@ def _judge(
     rest &= ~noisy
     lp_count, unbounded = 0, int(rest.sum()) + int(noisy.sum())
     if rest.any():
-        forms = naive.forward()
+        forms = naive.forward
         lp_all = rest & forms[0].in_range(t.value, u)
         lp_count, unbounded = int(lp_all.sum()), int((rest & ~lp_all).sum()) + int(noisy.sum())
         r_lp, lp = -1.0, lp_all

@@ -309,13 +309,22 @@ def _gt(x: Any, c: float) -> np.ndarray:
 # ball arithmetic
 # --------------------------------------------------------------------------------------------------
 class Operators:
-    """``+ - * /`` of an enclosure type, with arrays of the arithmetic or exact Python scalars on either
-    side, delegated to its arithmetic ``ar`` (``_lift``, ``_add``, ``_mul``, ``_div``); the type defines
-    ``__neg__``."""
+    """The shape of an enclosure type with midpoints ``mid``, and its ``+ - * /`` with arrays of the
+    arithmetic or exact Python scalars on either side, delegated to its arithmetic ``ar`` (``_lift``,
+    ``_add``, ``_mul``, ``_div``); the type defines ``__neg__``."""
 
     __array_ufunc__ = None  # make numpy defer to our reflected operators
     __slots__ = ()
     ar: Any
+    mid: Any
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(np.shape(self.mid))
+
+    @property
+    def ndim(self) -> int:
+        return int(np.ndim(self.mid))
 
     def __add__(self, o: Any) -> Any:
         return self.ar._add(self, self.ar._lift(o))
@@ -355,14 +364,6 @@ class Ball(Operators):
         self.rad = rad
         self.exact = exact
         self.held = held
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(np.shape(self.mid))
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
 
     def __getitem__(self, idx: Any) -> Ball:
         return Ball(self.ar, self.mid[idx], self.rad[idx], self.exact, self.held)

@@ -102,14 +102,6 @@ class CoarseBall(Operators):
             return self.rad
         return _inflate(self.rad + self.rel * self.amax, 2)
 
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(np.shape(self.mid))
-
-    @property
-    def ndim(self) -> int:
-        return np.ndim(self.mid)
-
     def __getitem__(self, idx: Any) -> CoarseBall:
         return CoarseBall(self.ar, self.mid[idx], self.rad, self.rel, self._max, self, self._pos)
 

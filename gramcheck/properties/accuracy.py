@@ -8,8 +8,8 @@ import numpy as np
 
 from ..agreement import (
     LOW_PRECISION_K,
-    Yardsticks,
     check_agreement,
+    naive_yardsticks,
     per_slice,
     rounding_noise,
     slice_magnitude,
@@ -48,7 +48,7 @@ def agreement(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding |
 def low_precision(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding | None:
     """max|T - truth| <= k max|naive - truth| + 4 u max(|truth|, |v|) with k = 2, the naive reference being the
     definition computed in the same dtype, or the variant's other standard algorithm there where that
-    errs more (``agreement.Yardsticks``; proofs/low-precision-rule.md), over the entries that are not
+    errs more (``agreement.naive_yardsticks``; proofs/low-precision-rule.md), over the entries that are not
     rounding noise (``agreement.rounding_noise``, as agreement judges them; a non-finite output there is
     still judged). Where the naive definition itself is not finite the rule gives no bound and the
     Finding says so (agreement still applies)."""
@@ -65,7 +65,7 @@ def low_precision(target: Target, ex: AttentionInputs, *, causal: bool) -> Findi
     judged = defined & ~noisy
     if not judged.any():
         return None  # every entry is rounding noise: this input judges nothing
-    forms = Yardsticks(var, ex.q, ex.k, ex.v, causal=causal, dtype=target.dtype, **kw)
+    forms = naive_yardsticks(var, ex.q, ex.k, ex.v, causal=causal, dtype=target.dtype, **kw)
     u = unit_roundoff(target.dtype)
     measured, details = -1.0, dict[str, Any]()
     for at, j in per_slice(judged):  # each (batch, head) slice on its own; the worst one reported
@@ -77,10 +77,12 @@ def low_precision(target: Target, ex: AttentionInputs, *, causal: bool) -> Findi
         # the scale of the output: |truth|, or |v| where the truth cancels to (near) zero
         scale = max(float(np.max(np.abs(value[at]))), float(np.max(np.abs(ex.v[at]))))
         floor = LOW_PRECISION_FLOOR_ULPS * u * scale
-        err_n = forms.error(
-            t.value, j, u, largest, lambda e, err_t=err_t, floor=floor: err_t > LOW_PRECISION_K * e + floor
-        )
-        bound = LOW_PRECISION_K * err_n + floor
+
+        def rule(e: float, floor: float = floor) -> float:
+            return LOW_PRECISION_K * e + floor
+
+        err_n = forms.error(t.value, j, u, largest, lambda e, err_t=err_t: err_t > rule(e))
+        bound = rule(err_n)
         if not np.isfinite(bound):
             r, note = 0.0, "the naive reference is not finite in this dtype: the rule gives no bound"
         else:

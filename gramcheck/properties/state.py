@@ -24,6 +24,7 @@ from ..agreement import (
     LOW_PRECISION_FLOOR_ULPS,
     LOW_PRECISION_K,
     REASSOCIATION_FACTOR,
+    Yardsticks,
     per_slice,
     slice_magnitude,
 )
@@ -280,18 +281,18 @@ class Vacuous:
             return parts, rule
         names = ("out", "final_state")
 
-        def judged_by(naives: tuple[list[np.ndarray], list[np.ndarray]]) -> dict[str, NormPart]:
+        def judged_by(runs: list[tuple[np.ndarray, np.ndarray]]) -> dict[str, NormPart]:
             parts = {}
+            naives = ([o for o, _ in runs], [s for _, s in runs])
             for name, mask, err, truth, rad, naive in zip(names, rule, errors, truths, rads, naives, strict=True):
                 for idx, j, bound in rule_in_norm(mask, truth, rad, naive, self.u):
                     parts[f"{name}[{','.join(map(str, idx))}]"] = NormPart(err[idx][j], factor * bound)
             return parts
 
-        forward = naive_with_state(target, ex, s0)
-        parts = judged_by(forward)
-        if any(not p.error <= p.bound for p in parts.values()):  # both summation orders where it can matter
-            reverse = naive_with_state(target, ex, s0, reverse=True)
-            parts = judged_by((forward[0] + reverse[0], forward[1] + reverse[1]))
+        orders = Yardsticks(lambda reverse: naive_with_state(target, ex, s0, reverse=reverse))
+        parts = judged_by(orders.forward)
+        if any(not p.error <= p.bound for p in parts.values()):
+            parts = judged_by(orders.both)
         return parts, rule
 
     def counts(self, rule: tuple[np.ndarray, np.ndarray]) -> dict[str, dict[str, int]]:
@@ -320,8 +321,8 @@ def vacuous(target: Target, ex: AttentionInputs, s0: np.ndarray | None, bounds: 
 
 def naive_with_state(
     target: Target, ex: AttentionInputs, s0: np.ndarray | None, *, reverse: bool = False
-) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """([out], [S_N]) of the definition, then of each other standard algorithm of the variant
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(out, S_N) of the definition, then of each other standard algorithm of the variant
     (``Variant.algorithms``), evaluated in the target's dtype (``RoundedArith``: the state held in
     float32, the output stored in the dtype) from S_0: the low-precision rule's yardsticks; ``reverse``:
     every sum accumulated from the other end (proofs/low-precision-rule.md, "Summation order")."""
@@ -330,7 +331,7 @@ def naive_with_state(
     with np.errstate(all="ignore"):
         runs = [_reference(target, ex, ar, initial_state=s0)]
         runs += target.variant.algorithms(ex.q, ex.k, ex.v, causal=True, arith=ar, **kw)
-    return [ar.stored(o) for o, _ in runs], [ar.to_float64(s) for _, s in runs]
+    return [(ar.stored(o), ar.to_float64(s)) for o, s in runs]
 
 
 def rule_in_norm(
