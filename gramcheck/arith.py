@@ -753,21 +753,27 @@ class RoundedArith(BallArith):
         """y rounded to the dtype (to float32 where an operand is ``held``); an operation on constants only
         (``exact`` balls: ``const`` and the Python scalars of the formula) stays exact in float64, as a
         kernel computes its scalar constants (scale d^-1/2, 1/sqrt(m)) in host floating point before they
-        meet a tensor."""
+        meet a tensor. Below float32 the result is rounded to float32 first, as torch computes 16-bit
+        operations in float32 and rounds that result (float16 x times 0.69 rounds twice)."""
         held = any(o.held for o in operands)
         if operands and all(o.exact for o in operands):
             return Ball(self, np.asarray(y, dtype=np.float64), np.zeros(np.shape(y)), exact=True, held=held)
         to = self.held_dtype if held else self.dtype
+        if to in ("bfloat16", "float16"):
+            y = round_to(y, "float32", wide_range=self.wide_range)
         return Ball(self, round_to(y, to, wide_range=self.wide_range), np.zeros(np.shape(y)), held=held)
 
-    def _pair(self, a: Ball, b: Ball) -> tuple[Any, Any]:
+    def _pair(self, a: Ball, b: Ball, *, to_tensor: bool = False) -> tuple[Any, Any]:
         """The operands' values as an elementwise kernel sees them: a constant meeting a tensor is cast to
         the operation's arithmetic, float32 below float64 (torch's opmath: a Python float times a
-        bfloat16 or float32 tensor is computed in float32)."""
+        bfloat16 or float32 tensor is computed in float32); ``to_tensor``: to the tensor's own dtype first,
+        as torch's CPU kernels do for a sum with a Python float (bfloat16 x + 0.69 adds bfloat16(0.69))."""
         if a.exact == b.exact or self.dtype == "float64":
             return a.mid, b.mid
-        cast = (lambda x: round_to(x.mid, "float32") if x.exact else x.mid)  # noqa: E731
-        return cast(a), cast(b)
+        tensor = b if a.exact else a
+        to = (self.held_dtype if tensor.held else self.dtype) if to_tensor else "float32"
+        x, y = (round_to(o.mid, to, wide_range=self.wide_range) if o.exact else o.mid for o in (a, b))
+        return x, y
 
     def asarray(self, x: Any) -> Ball:
         return self._r(np.asarray(x, dtype=np.float64))
@@ -776,7 +782,7 @@ class RoundedArith(BallArith):
         return np.zeros(np.shape(x.mid))
 
     def _add(self, a: Ball, b: Ball) -> Ball:
-        x, y = self._pair(a, b)
+        x, y = self._pair(a, b, to_tensor=True)
         return self._r(x + y, a, b)
 
     def _mul(self, a: Ball, b: Ball) -> Ball:

@@ -244,13 +244,13 @@ def _chunked(q: Any, k: Any, v: Any, g: Any, causal: bool, c: int, s0: Any) -> t
     torch = _torch()
     B, H, N, dk = q.shape
     dv = v.shape[-1]
-    qc, kc, vc = pad_chunks(q, c), pad_chunks(k, c), pad_chunks(v, c)
     acc = _acc_dtype(q)
-    nc = qc.shape[2]
     state = q.new_zeros(B, H, dk, dv, dtype=acc) if s0 is None else s0
     if not causal:  # no chunk sees another's partial state: one product over all tokens is the same sum
         state = state + k.to(acc).transpose(-1, -2) @ v.to(acc)
         return (q.to(acc) @ state).to(q.dtype), state
+    qc, kc, vc = pad_chunks(q, c), pad_chunks(k, c), pad_chunks(v, c)
+    nc = qc.shape[2]
     mask = _causal_mask(c, q.device)
     if g is None:
         intra = ((qc @ kc.transpose(-1, -2)) * mask.to(q.dtype)) @ vc
