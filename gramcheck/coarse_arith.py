@@ -10,8 +10,9 @@ not finite), except that terms proportional to the output's own |y| (rounding er
 sums and products of non-negative tensors) stay relative. Every entrywise rule is non-decreasing in the
 input radii and in |mid| (non-increasing in |denominator|), so the coarse rule dominates it entrywise;
 inner products of signed tensors are bounded by Cauchy-Schwarz. Radii are computed in float64 and
-inflated by (1 + 2ku) for a k-operation formula, as ``BallArith`` does. Derivations:
-proofs/ball-arithmetic.md, "Coarse first pass".
+inflated by (1 + 2ku) for a k-operation formula, as ``BallArith`` does. A gated linear recurrence is
+bounded as a whole (``enclose_gated_recurrence``) rather than operation by operation. Derivations:
+proofs/ball-arithmetic.md, "Coarse first pass" and "A gated recurrence as one rule".
 """
 
 from __future__ import annotations
@@ -384,6 +385,82 @@ class CoarseArith(Arith):
             if ra and rb:
                 rad += n * ra * rb
         return CoarseBall(self, y, _inflate(rad, k), rel, pos=True if pos else None)
+
+    # a whole recurrence --------------------------------------------------------------------------
+    def enclose_gated_recurrence(
+        self, q: Any, k: Any, v: Any, alpha: Any, initial_state: Any
+    ) -> tuple[CoarseBall, CoarseBall]:
+        """(o, S_N) of S_t = diag(alpha_t) S_{t-1} + k_t v_t^T, o_t = S_t^T q_t (``common.gated_recurrence``)
+        with one radius rule for the whole recurrence instead of one per operation and token.
+
+        Midpoints: the definition's float64 operations, the outer products k_t v_t^T of a block of tokens
+        at once and the products q_t^T S_t of its states in one batched matmul. Radii, with r_x the largest
+        radius of input x, a_t = max |alpha_t|, sigma_t = max |S_t| over the computed states,
+        w_t = max |k_t v_t^T| over the computed products, K_t = max |k_t|, V_t = max |v_t|:
+
+            E_t = (a_t + r_a) E_{t-1} + (r_a + u (1 + u) a_t) sigma_{t-1} + r_k V_t + K_t r_v + r_k r_v
+                  + u w_t + u / (1 - u) sigma_t + 3 eta,     E_0 = r_0,
+
+        bounds max |S'_t - S_t| over every exact state S'_t of inputs in the balls, and
+        |o'_tj - o_tj| <= (Q_t + d_k r_q) E_t + d_k r_q sigma_t + gamma_dk Q_t sigma_t + d_k eta with
+        Q_t = max ||q_t||_1 (proofs/ball-arithmetic.md, "A gated recurrence as one rule"). Shapes as
+        ``gated_recurrence``: q, k (B, H, N, d_k), v (B, H, N, d_v), alpha (B, H, N, d_k or 1) or None,
+        initial_state (B, H, d_k, d_v) or None."""
+        q, k, v = self._lift(q), self._lift(k), self._lift(v)
+        a = None if alpha is None else self._lift(alpha)
+        B, H, N, dk = np.broadcast_shapes(q.shape, k.shape)
+        dv = v.shape[-1]
+        s = np.zeros((B, H, dk, dv)) if initial_state is None else np.array(self._lift(initial_state).mid)
+        r0 = 0.0 if initial_state is None else self._lift(initial_state).bound
+        out = np.empty((B, H, N, dv))
+        sigma, wmax = np.empty(N + 1), np.empty(N)
+        sigma[0] = _amax(s)
+        for lo in range(0, N, _BLOCK):
+            hi = min(N, lo + _BLOCK)
+            updates = k.mid[:, :, lo:hi, :, None] * v.mid[:, :, lo:hi, None, :]  # (B, H, T, d_k, d_v)
+            states = np.empty(np.broadcast_shapes(updates.shape, (B, H, hi - lo, dk, dv)))
+            for i in range(hi - lo):
+                decayed = s if a is None else a.mid[:, :, lo + i, :, None] * s
+                s = np.add(updates[:, :, i], decayed, out=states[:, :, i])
+            out[:, :, lo:hi] = np.matmul(q.mid[:, :, lo:hi, None, :], states)[..., 0, :]
+            sigma[lo + 1 : hi + 1] = _amax_over(states, (0, 1, 3, 4))
+            wmax[lo:hi] = _amax_over(updates, (0, 1, 3, 4))
+        if not (np.all(sigma < _INF) and np.all(wmax < _INF)):
+            return CoarseBall(self, out, _INF), CoarseBall(self, s, _INF)
+        ra = 0.0 if a is None else a.bound
+        at = np.ones(N) if a is None else _amax_over(np.broadcast_to(a.mid, (B, H, N, a.shape[-1])), (0, 1, 3))
+        kt, vt = _amax_over(k.mid, (0, 1, 3)), _amax_over(v.mid, (0, 1, 3))
+        rk, rv, rq = k.bound, v.bound, q.bound
+        prod = 0.0 if a is None else _U * (1 + _U)  # the rounding of alpha_t S_{t-1}
+        drive = (ra + prod * at) * sigma[:-1] + rk * vt + kt * rv + rk * rv + _U * wmax + _U / (1 - _U) * sigma[1:]
+        drive = drive + 3 * _ETA
+        growth = (at + ra).tolist()
+        errs = np.empty(N)
+        e = r0
+        for t, d in enumerate(drive.tolist()):
+            e = growth[t] * e + d
+            errs[t] = e
+        # sums and products of non-negative terms, each rounded: the drive's 14 roundings and the
+        # recursion's 2 a step, over N steps, counted four times over so that the computed radius stays
+        # above the entrywise balls' computed radii, which inflate every operation of every step
+        errs = errs * (1 + 2 * 64 * (N + 1) * _U)
+        last = float(errs[-1]) if N else r0
+        if not last < _INF:
+            return CoarseBall(self, out, _INF), CoarseBall(self, s, _INF)
+        gk = gamma(dk)
+        qt = _amax_over(np.abs(q.mid).sum(axis=-1), (0, 1)) / (1 - gk) if gk < 1 else np.full(N, _INF)
+        rad = (qt + dk * rq) * errs + dk * rq * sigma[1:] + gk * qt * sigma[1:]
+        rad_o = _inflate(float(np.max(rad)) + dk * _ETA, 2 * dk + 12) if N else 0.0
+        return CoarseBall(self, out, rad_o if rad_o == rad_o else _INF), CoarseBall(self, s, last)
+
+
+_BLOCK = 64  # tokens whose states are kept at once: B H 64 d_k d_v float64 numbers
+
+
+def _amax_over(y: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+    """max |y| over ``axes`` (inf where a NaN or an infinity is among them)."""
+    m = np.abs(y).max(axis=axes) if y.size else np.zeros(np.delete(y.shape, axes))
+    return np.where(np.isnan(m), _INF, m)
 
 
 COARSE_F64 = CoarseArith()

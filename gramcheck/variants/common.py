@@ -43,6 +43,10 @@ def gated_recurrence(
     every gated linear recurrence), from S_0 = ``initial_state`` (B, H, d_k, d_v) or 0. alpha
     (B, H, N, d_k) or (B, H, N, 1), already exponentiated (None: no decay). Returns o (B, H, N, d_v), or
     (o, S_N) when ``output_final_state``."""
+    enclose = getattr(ar, "enclose_gated_recurrence", None)  # one radius rule for the whole recurrence
+    if enclose is not None:
+        out, state = enclose(q, k, v, alpha, initial_state)
+        return (out, state) if output_final_state else out
     B, H, N, dk = q.shape
     state = ar.held(ar.zeros((B, H, dk, v.shape[-1])) if initial_state is None else initial_state)
     outs = []
