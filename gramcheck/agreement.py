@@ -78,9 +78,24 @@ def rounding_evaluation(
     """``rounding_bound``, with the float64 value and the float64 certificate the same pass yields
     (proofs/ball-arithmetic.md, "One pass for the rounding bound and the truth")."""
     model = rounding_model(dtype)
-    ball = _variants.get(variant).reference(q, k, v, causal=causal, arith=model, **kwargs)
-    bound = REASSOCIATION_FACTOR * model.radius(ball)
-    return RoundingEvaluation(bound, model.to_float64(ball), model.float64_certificate(ball))
+    ball, radius = model_radii(_variants.get(variant), model, q, k, v, causal=causal, **kwargs)
+    return RoundingEvaluation(REASSOCIATION_FACTOR * radius, model.to_float64(ball), model.float64_certificate(ball))
+
+
+def model_radii(var: Any, model: Any, q: Any, k: Any, v: Any, *, causal: bool, **kwargs: Any) -> tuple[Any, Any]:
+    """(the definition's ball, the largest radius over the definition and the variant's other standard
+    algorithms) in the rounding model ``model``: a production form may evaluate any of them (the delta
+    rule's chunked form, FAVOR+'s linear form), and each has its own rounding bound (proofs/fp-forward-
+    error.md, "Other algorithms"). With ``output_final_state`` every result is an (out, S_N) pair, and
+    so is the radius."""
+    ball = var.reference(q, k, v, causal=causal, arith=model, **kwargs)
+    others = var.algorithms(q, k, v, causal=causal, arith=model, **kwargs)
+    with model.context():
+        if isinstance(ball, tuple):
+            radius = tuple(np.maximum.reduce([model.radius(b[i]) for b in (ball, *others)]) for i in range(len(ball)))
+        else:
+            radius = np.maximum.reduce([model.radius(b) for b in (ball, *others)])
+    return ball, radius
 
 
 def probabilistic_bound(
@@ -91,8 +106,8 @@ def probabilistic_bound(
     returned probability under the probabilistic rounding model (proofs/probabilistic-rounding.md)."""
     model = ProbabilisticModel(dtype)
     with np.errstate(all="ignore"):
-        ball = _variants.get(variant).reference(q, k, v, causal=causal, arith=model, **kwargs)
-    return REASSOCIATION_FACTOR * model.radius(ball), 1.0 - model.failure_probability()
+        _, radius = model_radii(_variants.get(variant), model, q, k, v, causal=causal, **kwargs)
+    return REASSOCIATION_FACTOR * radius, 1.0 - model.failure_probability()
 
 
 def naive_definition(
