@@ -12,6 +12,7 @@ import numpy as np
 
 from ..agreement import rounding_bound
 from ..findings import Finding
+from ..precision import subnormals
 from ..strategies import KINDS, AttentionInputs
 from ..targets import Target, TargetError
 from ..variants.spec import Variant
@@ -45,13 +46,15 @@ class Property:
 
 
 def guarded(name: str) -> Callable[[Callable[..., Finding | None]], Callable[..., Finding | None]]:
-    """Wrap a property so that a misbehaving target gives a failing Finding of that failure kind."""
+    """Wrap a property so that a misbehaving target gives a failing Finding of that failure kind, and its
+    rounding bounds model the target's declared subnormals (``Target.subnormals``)."""
 
     def deco(fn: Callable[..., Finding | None]) -> Callable[..., Finding | None]:
         @functools.wraps(fn)
         def wrapper(target: Target, ex: AttentionInputs, **kw: Any) -> Finding | None:
             try:
-                return fn(target, ex, **kw)
+                with subnormals(target.subnormals):
+                    return fn(target, ex, **kw)
             except TargetError as err:
                 return Finding(
                     name,
