@@ -858,6 +858,14 @@ class RoundedArith(BallArith):
 
     def _div(self, a: Ball, b: Ball) -> Ball:
         x, y = self._pair(a, b)
+        if a.exact and not b.exact and self.dtype != "float64":
+            # a Python float over a tensor: torch computes the tensor's reciprocal, rounded to its dtype,
+            # times the constant in float32
+            to = self.held_dtype if b.held else self.dtype
+            with np.errstate(divide="ignore", invalid="ignore"):
+                inv = np.divide(1.0, y)
+                inv = round_to(round_to(inv, "float32", wide_range=self.wide_range), to, wide_range=self.wide_range)
+            return self._r(x * inv, a, b)
         return self._r(np.divide(x, y), a, b)
 
     def exp(self, x: Ball) -> Ball:

@@ -48,11 +48,9 @@ def elementwise(name: str) -> Any:
     return ELEMENTWISE[check_choice("feature", name, tuple(ELEMENTWISE))]
 
 
-def _favor_parts(ar: Any, x: Any, projection: Any, kind: str, scale: float | None) -> tuple[Any, Any, Any, int]:
-    """(E, h, F, count) with phi(x) = exp(E - h) F / sqrt(count): the log-amplitude L = E - h split into its
-    feature part E (..., N, count) (W x; [W x, -W x] for hyperbolic; None for trig, whose amplitude has no
-    feature part) and its token part h (..., N, 1) (|x|^2/2; -|x|^2/2 for trig), and the bounded multiplier
-    F ([sin, cos] for trig, None for the exponential kinds)."""
+def _favor_parts(ar: Any, x: Any, projection: Any, kind: str, scale: float | None) -> tuple[Any, Any, int, Any]:
+    """(L, F, count, W x) with phi(x) = exp(L) F / sqrt(count): the log-amplitude L (..., N, k), the bounded
+    multiplier F ([sin, cos] for trig, None for the exponential kinds) and the projection W x (..., N, m)."""
     check_choice("kind", kind, FAVOR_KINDS)
     d = x.shape[-1]
     m = projection.shape[-2]
@@ -63,14 +61,10 @@ def _favor_parts(ar: Any, x: Any, projection: Any, kind: str, scale: float | Non
     proj = ar.matmul(xs, ar.mT(projection))  # (B, H, N, m): w_i . x
     half_sq = ar.sum(xs * xs, axis=-1, keepdims=True) / 2.0
     if kind == "trig":
-        return None, -half_sq, ar.concat([ar.sin(proj), ar.cos(proj)], axis=-1), m
+        return half_sq, ar.concat([ar.sin(proj), ar.cos(proj)], axis=-1), m, proj
     if kind == "positive":
-        return proj, half_sq, None, m
-    return ar.concat([proj, -proj], axis=-1), half_sq, None, 2 * m
-
-
-def _log_amplitude(e: Any, h: Any) -> Any:
-    return -h if e is None else e - h
+        return proj - half_sq, None, m, proj
+    return ar.concat([proj - half_sq, -proj - half_sq], axis=-1), None, 2 * m, proj
 
 
 def favor(
@@ -93,22 +87,15 @@ def favor(
     1/sqrt(m) factor, as performer-pytorch does (1e-4), which biases the kernel estimate; the bias then
     depends on the shift: ``shift='log-amplitude'`` subtracts the maximum of w.x - |x|^2/2 (google-research),
     ``'projection'`` the maximum of w.x alone (performer-pytorch's ``softmax_kernel``).
-
-    Evaluated as phi(x) = (exp(E - c) F + eps) / sqrt(count) with one constant per token, c = h + shift:
-    the shift meets the (N, count) exponents in the same subtraction as h, where the definition's order
-    takes two passes over them. The log-amplitude's maximum is max_t (max_j E_tj - h_t), since h is
-    constant along a row.
     """
     check_choice("shift", shift, ("log-amplitude", "projection"))
-    e, h, mult, count = _favor_parts(ar, x, projection, kind, scale)
-    c = h
+    log_amp, mult, count, proj = _favor_parts(ar, x, projection, kind, scale)
     if stabilize:
-        axes = -1 if is_query else (-2, -1)
+        base = log_amp  # the exponent itself; 'projection': its W x part (without -|x|^2/2)
         if shift == "projection" and mult is None:
-            c = h + ar.stop_max(e, axes)
-        else:
-            c = h + ar.stop_max(-h if e is None else ar.stop_max(e, -1) - h, axes)
-    feats = ar.exp(-c) * mult if e is None else ar.exp(e - c)
+            base = proj if kind == "positive" else ar.concat([proj, -proj], axis=-1)
+        log_amp = log_amp - ar.stop_max(base, -1 if is_query else (-2, -1))
+    feats = ar.exp(log_amp) if mult is None else ar.exp(log_amp) * mult
     if feature_eps:
         feats = feats + feature_eps
     return feats * (1.0 / ar.sqrt(ar.const(count)))  # one product per feature (a quotient costs several)
@@ -135,9 +122,8 @@ def favor_causal(
     query's largest exponent is 0, so the denominator is at least 1 / count and no row's weights sink
     into the subnormals however the query and the keys are aligned (one shift per token, of queries by
     their own maximum, left rows of weights ~1e-41 in float32; proofs/invariants.md)."""
-    eq, hq, mq, count = _favor_parts(ar, q, projection, kind, scale)
-    ek, hk, mk, _ = _favor_parts(ar, k, projection, kind, scale)
-    lq, lk = _log_amplitude(eq, hq), _log_amplitude(ek, hk)
+    lq, mq, count, _ = _favor_parts(ar, q, projection, kind, scale)
+    lk, mk, _, _ = _favor_parts(ar, k, projection, kind, scale)
     run = ar.running_max(lk, -2)
     g = ar.concat([run[..., :1, :], run[..., :-1, :]], axis=-2) - run
     if run.shape[-1] == 1:  # one log-amplitude per token (trig): M_t is a factor of row t, which cancels
