@@ -95,8 +95,7 @@ def test_isolation_allows_the_packed_definitions_rounding(monkeypatch):
     other sequences change. Those are the bounds of the packed definition, each sequence from its own
     first token; the bounds of the row as one sequence (what the property used) are the bounds of
     another computation, smaller on some of the later sequences' rows, and the builtin failed there
-    (2.58 against the definition's bounds; 1.89 against the largest of the definition's and the linear
-    form's, proofs/fp-forward-error.md, "Other algorithms")."""
+    (2.58)."""
     from pathlib import Path
 
     import gramcheck.properties.packing as PK
@@ -115,4 +114,4 @@ def test_isolation_allows_the_packed_definitions_rounding(monkeypatch):
         return bound_of(target, ex, causal=causal, v=v, **extras)
 
     monkeypatch.setattr(PK, "bound_of", unpacked)
-    assert PK.packing_isolation(t, ex, causal=True).measured > 1.5
+    assert PK.packing_isolation(t, ex, causal=True).measured > 2

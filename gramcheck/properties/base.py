@@ -111,7 +111,9 @@ def bound_of(
     target: Target, ex: AttentionInputs, *, causal: bool, v: np.ndarray | None = None, **extras: Any
 ) -> np.ndarray:
     """2 R(u_dtype): the componentwise rounding bound of the definition in the target's dtype
-    (proofs/fp-forward-error.md), with the target's hyperparameters."""
+    (proofs/fp-forward-error.md), with the target's hyperparameters: the allowed change between two
+    runs of the target in the invariance properties. The definition's alone (not the largest over the
+    variant's other algorithms, as agreement's): each use evaluates it on several inputs per example."""
     ex_extras = {**ex.extras, **extras}
     return rounding_bound(
         target.variant,
@@ -120,6 +122,7 @@ def bound_of(
         ex.v if v is None else v,
         causal=causal,
         dtype=target.dtype,
+        algorithms=False,
         **target.params,
         **ex_extras,
     )
