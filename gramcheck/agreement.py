@@ -55,12 +55,9 @@ LOW_PRECISION_FLOOR_ULPS = 2.0  # the output's own last rounding (u |o|), twice
 RULES = ("worst-case", "probabilistic", "low-precision rule")
 
 
-def rounding_bound(
-    variant: Any, q: Any, k: Any, v: Any, *, causal: bool, dtype: Any, algorithms: bool = True, **kwargs: Any
-) -> np.ndarray:
-    """C * R(u_dtype), componentwise, for inputs exactly representable in ``dtype`` (``algorithms``: the
-    largest over the definition and the variant's other standard algorithms, ``model_radii``)."""
-    return rounding_evaluation(variant, q, k, v, causal=causal, dtype=dtype, algorithms=algorithms, **kwargs).bound
+def rounding_bound(variant: Any, q: Any, k: Any, v: Any, *, causal: bool, dtype: Any, **kwargs: Any) -> np.ndarray:
+    """C * R(u_dtype), componentwise, for inputs exactly representable in ``dtype``."""
+    return rounding_evaluation(variant, q, k, v, causal=causal, dtype=dtype, **kwargs).bound
 
 
 @dataclass(frozen=True)
@@ -76,44 +73,26 @@ class RoundingEvaluation:
 
 
 def rounding_evaluation(
-    variant: Any, q: Any, k: Any, v: Any, *, causal: bool, dtype: Any, algorithms: bool = True, **kwargs: Any
+    variant: Any, q: Any, k: Any, v: Any, *, causal: bool, dtype: Any, **kwargs: Any
 ) -> RoundingEvaluation:
     """``rounding_bound``, with the float64 value and the float64 certificate the same pass yields
     (proofs/ball-arithmetic.md, "One pass for the rounding bound and the truth")."""
     model = rounding_model(dtype)
-    var = _variants.get(variant)
-    ball, radius = model_radii(var, model, q, k, v, causal=causal, algorithms=algorithms, **kwargs)
-    return RoundingEvaluation(REASSOCIATION_FACTOR * radius, model.to_float64(ball), model.float64_certificate(ball))
-
-
-def model_radii(
-    var: Any, model: Any, q: Any, k: Any, v: Any, *, causal: bool, algorithms: bool = True, **kwargs: Any
-) -> tuple[Any, Any]:
-    """(the definition's ball, the largest radius over the definition and the variant's other standard
-    algorithms) in the rounding model ``model``: a production form may evaluate any of them (the delta
-    rule's chunked form, FAVOR+'s linear form), and each has its own rounding bound (proofs/fp-forward-
-    error.md, "Other algorithms"); ``algorithms=False``: the definition's alone. With
-    ``output_final_state`` every result is an (out, S_N) pair, and so is the radius."""
-    ball = var.reference(q, k, v, causal=causal, arith=model, **kwargs)
-    others = var.algorithms(q, k, v, causal=causal, arith=model, **kwargs) if algorithms else []
-    with model.context():
-        if isinstance(ball, tuple):
-            radius = tuple(np.maximum.reduce([model.radius(b[i]) for b in (ball, *others)]) for i in range(len(ball)))
-        else:
-            radius = np.maximum.reduce([model.radius(b) for b in (ball, *others)])
-    return ball, radius
+    ball = _variants.get(variant).reference(q, k, v, causal=causal, arith=model, **kwargs)
+    bound = REASSOCIATION_FACTOR * model.radius(ball)
+    return RoundingEvaluation(bound, model.to_float64(ball), model.float64_certificate(ball))
 
 
 def probabilistic_bound(
-    variant: Any, q: Any, k: Any, v: Any, *, causal: bool, dtype: Any, algorithms: bool = True, **kwargs: Any
+    variant: Any, q: Any, k: Any, v: Any, *, causal: bool, dtype: Any, **kwargs: Any
 ) -> tuple[np.ndarray, float]:
     """(C * R~(u_dtype), probability): the rounding bound with every accumulation charged Higham and
     Mary's gamma~_n(lambda) instead of gamma_n; it holds for all entries together with at least the
     returned probability under the probabilistic rounding model (proofs/probabilistic-rounding.md)."""
     model = ProbabilisticModel(dtype)
     with np.errstate(all="ignore"):
-        _, radius = model_radii(_variants.get(variant), model, q, k, v, causal=causal, algorithms=algorithms, **kwargs)
-    return REASSOCIATION_FACTOR * radius, 1.0 - model.failure_probability()
+        ball = _variants.get(variant).reference(q, k, v, causal=causal, arith=model, **kwargs)
+    return REASSOCIATION_FACTOR * model.radius(ball), 1.0 - model.failure_probability()
 
 
 def naive_definition(
@@ -280,47 +259,18 @@ def check_agreement(
 ) -> Finding:
     """Finding: max_ij |out - truth| / bound_ij <= 1 where the worst-case bound is informative, and the
     probabilistic bound or the low-precision rule where it is not (module docstring). Inputs must
-    already be representable in dtype.
-
-    The bounds are first the definition's alone, and the largest over the variant's standard algorithms
-    (``model_radii``) only where that fails: an output within the definition's worst-case rounding
-    error is as accurate as a correct evaluation of the definition, so it passes either way, and the
-    other algorithms' ball evaluations (a second and third pass of the model) are paid for failing
-    targets only."""
-    var = _variants.get(variant)
-    if not var.algorithms_fn:
-        return _check_agreement(name, output, var, q, k, v, causal=causal, dtype=dtype, algorithms=True, **kwargs)
-    first = _check_agreement(name, output, var, q, k, v, causal=causal, dtype=dtype, algorithms=False, **kwargs)
-    if first.passed:
-        return first
-    return _check_agreement(name, output, var, q, k, v, causal=causal, dtype=dtype, algorithms=True, **kwargs)
-
-
-def _check_agreement(
-    name: str,
-    output: np.ndarray,
-    var: Any,
-    q: np.ndarray,
-    k: np.ndarray,
-    v: np.ndarray,
-    *,
-    causal: bool,
-    dtype: Any,
-    algorithms: bool,
-    **kwargs: Any,
-) -> Finding:
+    already be representable in dtype."""
     out = np.asarray(output, dtype=np.float64)
     u = unit_roundoff(dtype)
+    var = _variants.get(variant)
     with np.errstate(all="ignore"):
         # one pass: the bound, the float64 reference (its midpoints) and a float64 certificate of the truth
-        model = rounding_evaluation(var, q, k, v, causal=causal, dtype=dtype, algorithms=algorithms, **kwargs)
+        model = rounding_evaluation(var, q, k, v, causal=causal, dtype=dtype, **kwargs)
     bound, approx = model.bound, model.value
     scale = slice_magnitude(approx, v)
     vacuous_guess = ~(bound < 0.5 * scale)
     if vacuous_guess.any():
-        pbound, probability = probabilistic_bound(
-            var, q, k, v, causal=causal, dtype=dtype, algorithms=algorithms, **kwargs
-        )
+        pbound, probability = probabilistic_bound(variant, q, k, v, causal=causal, dtype=dtype, **kwargs)
     else:
         pbound, probability = np.full(bound.shape, np.inf), 1.0
     # the truth to 1% of the bound that judges each entry; where the low-precision rule may judge, which

@@ -12,7 +12,7 @@ from . import properties as _properties
 from . import threads as _threads
 from . import variants as _variants
 from .findings import Finding
-from .precision import SUBNORMALS, dtype_name
+from .precision import dtype_name
 from .report import Report
 from .search import Domain, run_property
 from .strategies import KINDS, PROFILES
@@ -32,28 +32,11 @@ def make_target(
     params: dict[str, Any] | None = None,
     timeout: float | None = 60.0,
     form: str | None = None,
-    subnormals: str = "gradual",
 ) -> Target:
     """A Target from a callable, 'module:attr', 'builtin:NAME' (``variant`` defaults to NAME) or 'fla:OP'
-    (fla's Triton op OP; ``variant`` defaults to the op's first variant, ``params`` to the op's own);
-    ``subnormals``: 'gradual' or 'flush' (``Target.subnormals``)."""
+    (fla's Triton op OP; ``variant`` defaults to the op's first variant, ``params`` to the op's own)."""
     if isinstance(target, Target):
         return target
-    t = _make_target(target, variant, dtype=dtype, device=device, params=params, timeout=timeout, form=form)
-    t.subnormals = check_choice("subnormals", subnormals, SUBNORMALS)
-    return t
-
-
-def _make_target(
-    target: Any,
-    variant: Any,
-    *,
-    dtype: Any,
-    device: str,
-    params: dict[str, Any] | None,
-    timeout: float | None,
-    form: str | None,
-) -> Target:
     fn, name = resolve(target)
     _check_device(device)
     if dtype_name(dtype) == "tf32":
@@ -147,7 +130,6 @@ def check(
     memory_budget: float | None = None,
     isolation: str = DEFAULT_ISOLATION,
     threads: int | None = None,
-    subnormals: str = "gradual",
 ) -> Report:
     """Check ``target`` as an implementation of ``variant`` (B, H, N, d layout) and return a Report.
 
@@ -162,14 +144,11 @@ def check(
     before anything runs. ``isolation``: 'thread' (the target runs on a worker thread of this process)
     or 'process' (in a worker process that is killed after a timeout and restarted after a crash);
     ``threads``: torch and BLAS threads while checking (default $GRAMCHECK_THREADS, else 1: the inputs
-    are tiny and a parallel region costs more than their work; 0 leaves the settings alone);
-    ``subnormals``: 'flush' for a kernel that flushes subnormals to zero (``Target.subnormals``)."""
+    are tiny and a parallel region costs more than their work; 0 leaves the settings alone)."""
     check_choice("profile", profile, tuple(PROFILES))
     check_choice("isolation", isolation, ISOLATIONS)
     seed = _check_seed(seed)
-    t = make_target(
-        target, variant, dtype=dtype, device=device, params=params, timeout=timeout, subnormals=subnormals
-    )
+    t = make_target(target, variant, dtype=dtype, device=device, params=params, timeout=timeout)
     var = t.variant
     var.check_causal(causal)
     dom = domain if isinstance(domain, Domain) else Domain(**(domain or {}))
@@ -188,7 +167,6 @@ def check(
         dom.resolved(profile).to_dict(),  # the sizes drawn, as a certificate must state them
         params=dict(t.overrides),
         requested=None if properties is None else [p.name for p in props],
-        subnormals=t.subnormals,
     )
     n_threads = _threads.resolve(threads)  # validated before any work
     if isolation == "process":
@@ -265,7 +243,6 @@ def certify(
     """Run ``check`` and turn its Report into a Certificate (written to ``out`` when given, with its
     counterexample .npz files beside it; signed with the ed25519 PEM key ``sign_key`` when given).
     Same keywords as ``check``."""
-    check_certifiable(target.subnormals if isinstance(target, Target) else kwargs.get("subnormals", "gradual"))
     report = check(target, variant, **kwargs)
     cert = certificate_of(report, target, stem="certificate" if out is None else Path(out).stem)
     if sign_key is not None:
@@ -275,23 +252,12 @@ def certify(
     return cert
 
 
-def check_certifiable(subnormals: str) -> None:
-    """A check of a target declared to flush subnormals is not certified (before it runs, where possible)."""
-    if subnormals != "gradual":
-        raise ValueError(
-            f"subnormals: got {subnormals!r}; a certificate does not record a target's subnormals, so "
-            "`gramcheck verify` could not reproduce its bounds: certify under 'gradual' (the default), or "
-            "check without certifying"
-        )
-
-
 def certificate_of(report: Report, target: Any, *, spec: str | None = None, stem: str = "certificate") -> Certificate:
     """The Certificate of ``report`` for ``target`` (a callable, 'module:attr', 'builtin:NAME' or a Target):
     records ``spec`` (default ``target_spec(target)``), the properties requested (``report.requested``)
     and the target's ``source_hash`` (none for gramcheck's own forms)."""
     from .certificate import from_report, source_hash
 
-    check_certifiable(report.subnormals)
     spec = target_spec(target) if spec is None else spec
     fn = target.fn if isinstance(target, Target) else resolve(target)[0]
     src = None if spec.startswith("builtin:") or fn is None else source_hash(fn)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import mpmath
@@ -37,7 +37,6 @@ class _F64Backend:
     name = "float64"
     u = math.ldexp(1.0, -53)
     eta = math.ldexp(1.0, -1074)  # smallest subnormal: absolute error of an underflowing product
-    flush = 0.0  # no flushing to zero is modelled (the exact arithmetic of the float64 balls)
     prec = 53
 
     exp = staticmethod(np.exp)
@@ -88,7 +87,6 @@ class _MPBackend:
         self.prec = int(prec)
         self.u = mpmath.mpf(2) ** (-self.prec)
         self.eta = 0  # mpmath's exponent range is unbounded: no underflow
-        self.flush = 0
         self.name = f"mpmath[{self.prec}]"
 
     exp = staticmethod(_ufunc(mpmath.exp))
@@ -395,11 +393,6 @@ class BallArith(Arith):
         if isinstance(x, Ball):
             return x
         m = self.b.asarray(x)
-        if self.b.flush:  # an operand below T may be read as 0 (DAZ): its magnitude is its radius
-            a = np.abs(m)
-            daz = (a > 0) & (a < self.b.flush)
-            if daz.any():
-                return Ball(self, m, np.where(daz, a, 0.0))
         return Ball(self, m, self.b.asarray(np.zeros(np.shape(m))), exact=True)
 
     def _inflate(self, r: Any, k: int) -> Any:
@@ -408,59 +401,6 @@ class BallArith(Arith):
     def _rnd(self, y: Any, ulps: int = 1) -> Any:
         """Rounding error of one operation whose computed result is y: ulps * u * |y| + eta."""
         return ulps * self.b.u * np.abs(y) + self._eta
-
-    # Flushing to zero (proofs/fp-forward-error.md, "Underflow"): with T = ``b.flush`` > 0 (the rounding
-    # models of a target declared to flush, ``precision.subnormals``), a result or operand whose magnitude
-    # may lie strictly between 0 and T is charged T on top of gradual underflow's eta; a value that stays
-    # at or above T, or is exactly 0, is charged nothing.
-    def _flushed(self, y: Any, r: Any) -> Any:
-        """T where the result y +- r may be a nonzero number below T in magnitude, 0 elsewhere."""
-        t = self.b.flush
-        if not t:
-            return 0.0
-        a = np.abs(y)
-        low = a - r
-        if np.size(low) and np.min(low) >= t:  # every ball at or above T (the usual case): one reduction
-            return 0.0
-        return np.where((low < t) & (a + r > 0), t, 0.0)
-
-    def _partial_sums_flushed(self, x: Ball, acc: Callable[[Any], Any]) -> Any:
-        """T per addition of two terms that may be nonzero (their number less one: adding an exact 0 is
-        exact), where a partial sum of x's terms may be a nonzero number below T: some term may be, or
-        terms of both signs may cancel to one (terms of one sign that all stay at or above T keep every
-        partial sum at or above T). ``acc`` counts along the summed axis: a sum's reduction or a cumulative
-        sum's prefixes."""
-        t = self.b.flush
-        if not t:
-            return 0.0
-        a, r = np.abs(x.mid), x.rad
-        nonzero = a + r > 0
-        small = acc(nonzero & (a - r < t)) > 0
-        mixed = (acc(x.mid + r > 0) > 0) & (acc(x.mid - r < 0) > 0)
-        return t * np.maximum(acc(nonzero) - 1, 0) * (small | mixed)
-
-    def _matmul_flushed(self, a: Ball, b: Ball, r: Any) -> Any:
-        """For C = A B over n terms: T per product that may flush (at most the nz products that may be
-        nonzero) and per partial sum that may (at most nz - 1 additions). Where 2 n T is below 2^-20 of
-        every entry's radius it is charged as it is (negligible); else per entry, with products possibly
-        below T wherever min_k |a_ik| min_k |b_kj| (over entries that may be nonzero, at the balls' lower
-        ends) is, and partial sums wherever a product may be (or terms of both signs may cancel to) one."""
-        t = self.b.flush
-        if not t:
-            return 0.0
-        n = np.shape(a.mid)[-1]
-        if np.all(2 * n * t <= 2.0**-20 * r):
-            return 2 * n * t
-        am, bm = np.abs(a.mid), np.abs(b.mid)
-        anz, bnz = am + a.rad > 0, bm + b.rad > 0
-        nz = np.matmul(anz.astype(np.float64), bnz.astype(np.float64))  # exact counts
-        low_a = np.min(np.where(anz, np.maximum(am - a.rad, 0.0), np.inf), axis=-1, keepdims=True, initial=np.inf)
-        low_b = np.min(np.where(bnz, np.maximum(bm - b.rad, 0.0), np.inf), axis=-2, keepdims=True, initial=np.inf)
-        small = low_a * low_b < t
-        ap, an = (a.mid + a.rad > 0).astype(np.float64), (a.mid - a.rad < 0).astype(np.float64)
-        bp, bn = (b.mid + b.rad > 0).astype(np.float64), (b.mid - b.rad < 0).astype(np.float64)
-        mixed = ((np.matmul(ap, bp) + np.matmul(an, bn)) > 0) & ((np.matmul(ap, bn) + np.matmul(an, bp)) > 0)
-        return t * (nz * small + np.maximum(nz - 1, 0) * (small | mixed))
 
     # conversion --------------------------------------------------------------------------------
     def asarray(self, x: Any) -> Ball:
@@ -495,8 +435,7 @@ class BallArith(Arith):
     # the four operations -------------------------------------------------------------------------
     def _add(self, a: Ball, b: Ball) -> Ball:
         y = a.mid + b.mid
-        r = a.rad + b.rad + self.b.u * np.abs(y)
-        return Ball(self, y, self._inflate(r + self._flushed(y, r), 3))
+        return Ball(self, y, self._inflate(a.rad + b.rad + self.b.u * np.abs(y), 3))
 
     def _mul(self, a: Ball, b: Ball) -> Ball:
         y = a.mid * b.mid
@@ -508,7 +447,7 @@ class BallArith(Arith):
             r = np.abs(a.mid) * b.rad + self._rnd(y)
         else:
             r = np.abs(a.mid) * b.rad + a.rad * np.abs(b.mid) + a.rad * b.rad + self._rnd(y)
-        return Ball(self, y, self._inflate(r + self._flushed(y, r), 6))
+        return Ball(self, y, self._inflate(r, 6))
 
     def _div(self, a: Ball, b: Ball) -> Ball:
         y = self.b.div(a.mid, b.mid)
@@ -517,7 +456,7 @@ class BallArith(Arith):
         safe = _gt(gap, 0)
         gap_s = np.where(safe, gap, 1)
         r = (a.rad + np.abs(y) * (1 + self.b.u) * b.rad) / gap_s + self._rnd(y)
-        r = np.where(safe, r + self._flushed(y, r), self.b.scalar(math.inf))
+        r = np.where(safe, r, self.b.scalar(math.inf))
         return Ball(self, y, self._inflate(r, 6))
 
     def div(self, a: Any, b: Any) -> Ball:
@@ -527,14 +466,14 @@ class BallArith(Arith):
     def exp(self, x: Ball) -> Ball:
         y = self.b.exp(x.mid)
         r = np.abs(y) * (self.b.expm1(x.rad) + 2 * self.b.u) * (1 + 2 * self.b.u) + self._eta
-        return Ball(self, y, self._inflate(r + self._flushed(y, r), 4))
+        return Ball(self, y, self._inflate(r, 4))
 
     def log(self, x: Ball) -> Ball:
         y = self.b.log(x.mid)
         safe = _gt(x.mid - x.rad, 0)
         ratio = np.where(safe, x.rad / np.where(safe, x.mid, 1), 0)
         r = -self.b.log1p(-ratio) + 2 * self.b.u * np.abs(y) + self._eta
-        r = np.where(safe, r + self._flushed(y, r), self.b.scalar(math.inf))
+        r = np.where(safe, r, self.b.scalar(math.inf))
         return Ball(self, y, self._inflate(r, 4))
 
     def sqrt(self, x: Ball) -> Ball:
@@ -545,17 +484,15 @@ class BallArith(Arith):
         r_pos = x.rad / (self.b.sqrt(lo_s) + np.where(pos, y, 1))
         r_neg = self.b.sqrt(np.abs(x.mid) + x.rad)  # [0, mid + rad] covered by y +- sqrt(mid + rad)
         r = np.where(pos, r_pos, r_neg) + self._rnd(y)
-        return Ball(self, y, self._inflate(r + self._flushed(y, r), 4))
+        return Ball(self, y, self._inflate(r, 4))
 
     def sin(self, x: Ball) -> Ball:
         y = self.b.sin(x.mid)
-        r = x.rad + self._rnd(y, 2)
-        return Ball(self, y, self._inflate(r + self._flushed(y, r), 2))
+        return Ball(self, y, self._inflate(x.rad + self._rnd(y, 2), 2))
 
     def cos(self, x: Ball) -> Ball:
         y = self.b.cos(x.mid)
-        r = x.rad + self._rnd(y, 2)
-        return Ball(self, y, self._inflate(r + self._flushed(y, r), 2))
+        return Ball(self, y, self._inflate(x.rad + self._rnd(y, 2), 2))
 
     def abs(self, x: Ball) -> Ball:
         return Ball(self, np.abs(x.mid), x.rad)
@@ -615,8 +552,7 @@ class BallArith(Arith):
         r = self._gammas(max(n - 1, 0)) * np.sum(np.abs(x.mid), axis=axis, keepdims=keepdims)
         if not self._exact(x):
             r = np.sum(x.rad, axis=axis, keepdims=keepdims) + r
-        flushed = self._partial_sums_flushed(x, lambda m: np.sum(m, axis=axis, keepdims=keepdims))
-        return Ball(self, y, self._inflate(r + flushed, n + 2))
+        return Ball(self, y, self._inflate(r, n + 2))
 
     def cumsum(self, x: Ball, axis: int) -> Ball:
         n = np.shape(x.mid)[axis]
@@ -627,8 +563,7 @@ class BallArith(Arith):
         r = g * np.cumsum(np.abs(x.mid), axis=axis)
         if not self._exact(x):
             r = np.cumsum(x.rad, axis=axis) + r
-        flushed = self._partial_sums_flushed(x, lambda m: np.cumsum(m, axis=axis))
-        return Ball(self, y, self._inflate(r + flushed, n + 2))
+        return Ball(self, y, self._inflate(r, n + 2))
 
     def matmul(self, a: Any, b: Any) -> Ball:
         """Radius |a| rad_b + rad_a (|b| + rad_b) + gamma_n |a| |b| + n eta, computed as
@@ -644,8 +579,7 @@ class BallArith(Arith):
         r = np.matmul(left if a_exact else left + a.rad, ab)
         if not self._exact(b):
             r = r + np.matmul(aa if a_exact else aa + a.rad, b.rad)
-        r = r + n * self._eta
-        return Ball(self, y, self._inflate(r + self._matmul_flushed(a, b, r), n + 6))
+        return Ball(self, y, self._inflate(r + n * self._eta, n + 6))
 
 
 class _ModelBackend(_F64Backend):
@@ -653,11 +587,10 @@ class _ModelBackend(_F64Backend):
     over it bounds, to first order, the rounding error of the same formula evaluated in that format."""
 
     def __init__(self, dtype: Any):
-        from .precision import dtype_name, flush_threshold, underflow_unit, unit_roundoff
+        from .precision import dtype_name, underflow_unit, unit_roundoff
 
         self.u = unit_roundoff(dtype) + math.ldexp(1.0, -53)
         self.eta = underflow_unit(dtype)
-        self.flush = flush_threshold(dtype)
         self.name = f"model-{dtype_name(dtype)}"
 
 

@@ -75,7 +75,6 @@ def _check_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "params": dict(args.param) if args.param else None,
         "timeout": args.timeout,
         "isolation": "process" if args.isolate else "thread",
-        "subnormals": args.subnormals,
         "memory_budget": None if args.memory_budget is None else args.memory_budget * 2**30,
     }
 
@@ -175,9 +174,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_certify(args: argparse.Namespace) -> int:
-    from .api import certificate_of, check_certifiable
+    from .api import certificate_of
 
-    check_certifiable(args.subnormals)
     report = _run_check(args)
     cert = certificate_of(report, args.target, stem=Path(args.output).stem)
     if args.sign_key:
@@ -351,13 +349,6 @@ def _add_check_options(p: argparse.ArgumentParser) -> None:
         "--isolate", action="store_true", help="run the target in a worker process (killed on timeout or crash)"
     )
     p.add_argument("--memory-budget", type=float, default=None, help="GiB the check may use (default 4)")
-    p.add_argument(
-        "--subnormals",
-        default="gradual",
-        choices=["gradual", "flush"],
-        help="'flush' for a kernel that flushes subnormals to zero (Triton's exp, -ftz builds): its bounds then "
-        "charge 2^-126 where a value may fall below it (not certifiable)",
-    )
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -10,7 +10,6 @@ gamma_n = n u / (1 - n u), defined while n u < 1 (Higham, Lemma 3.1).
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import math
 from collections.abc import Iterator
 from typing import Any
@@ -121,35 +120,6 @@ def smallest_subnormal(dtype: Any) -> float:
     """The smallest positive (subnormal) value of the format: the absolute error of an underflow under
     gradual underflow (proofs/fp-forward-error.md, "Underflow")."""
     return math.ldexp(1.0, _RANGE[dtype_name(dtype)][0])
-
-
-SUBNORMALS = ("gradual", "flush")
-_SUBNORMALS: contextvars.ContextVar[str] = contextvars.ContextVar("subnormals", default="gradual")
-
-
-@contextlib.contextmanager
-def subnormals(mode: str) -> Iterator[None]:
-    """Model the target's subnormals as ``mode`` within the block: 'gradual' (IEEE, CPU torch) or 'flush'
-    (FTZ/DAZ: Triton's exp, CUDA built with -ftz=true, x86 under FTZ/DAZ), as ``numpy.errstate`` sets
-    floating-point handling for a block; the search runs each target's properties under its own
-    declaration (``Target.subnormals``)."""
-    if mode not in SUBNORMALS:
-        raise ValueError(f"subnormals: got {mode!r}; expected one of {SUBNORMALS}")
-    token = _SUBNORMALS.set(mode)
-    try:
-        yield
-    finally:
-        _SUBNORMALS.reset(token)
-
-
-def flush_threshold(dtype: Any) -> float:
-    """Under ``subnormals('flush')``, the smallest normal number of the arithmetic a kernel computes
-    ``dtype`` in (float32 for every format below float64, float64 for float64): a kernel that flushes
-    subnormal results and operands to zero errs by less than this at each result or operand of smaller
-    magnitude; 0 under gradual underflow (proofs/fp-forward-error.md, "Underflow")."""
-    if _SUBNORMALS.get() != "flush":
-        return 0.0
-    return math.ldexp(1.0, -1022) if dtype_name(dtype) == "float64" else math.ldexp(1.0, -126)
 
 
 def underflow_unit(dtype: Any) -> float:

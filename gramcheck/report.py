@@ -80,7 +80,6 @@ class Report:
     params: dict[str, Any] = field(default_factory=dict)
     # the property names asked for; None: every applicable property
     requested: list[str] | None = None
-    subnormals: str = "gradual"  # the target's declared subnormals (Target.subnormals)
 
     @property
     def passed(self) -> bool:

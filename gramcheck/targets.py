@@ -29,8 +29,7 @@ from typing import Any
 import numpy as np
 
 from . import variants as _variants
-from .precision import SUBNORMALS, dtype_name
-from .validation import check_choice
+from .precision import dtype_name
 from .variants.spec import Variant
 
 ISOLATIONS = ("thread", "process")
@@ -69,10 +68,7 @@ def _torch() -> Any:
 @dataclass
 class Target:
     """``fn`` checked as an implementation of ``variant`` with hyperparameters ``params`` in ``dtype``
-    on ``device``. ``timeout`` (seconds, or None) bounds one call. ``subnormals``: 'gradual' (IEEE, as CPU
-    torch computes) or 'flush' for a kernel that flushes subnormal results and operands to zero (Triton's
-    exp, CUDA built with -ftz=true): its rounding bounds then charge the smallest normal number where a
-    value may fall below it (``precision.subnormals``)."""
+    on ``device``. ``timeout`` (seconds, or None) bounds one call."""
 
     fn: Callable[..., Any]
     variant: Variant
@@ -81,7 +77,6 @@ class Target:
     params: Mapping[str, Any] = field(default_factory=dict)
     name: str = ""
     timeout: float | None = 60.0
-    subnormals: str = "gradual"
     # one persistent worker thread runs the calls (a new thread per call cost 4x the calls themselves:
     # torch sets up per-thread state each time; benchmarks/RESULTS.md); replaced after a timeout
     _executor: Any = field(default=None, init=False, repr=False, compare=False)
@@ -95,7 +90,6 @@ class Target:
     def __post_init__(self) -> None:
         self.variant = _variants.get(self.variant)
         self.dtype = dtype_name(self.dtype)
-        check_choice("subnormals", self.subnormals, SUBNORMALS)
         self.params = dict(self.variant.resolve_params(self.params))
         if not self.name:
             self.name = getattr(self.fn, "__qualname__", repr(self.fn))

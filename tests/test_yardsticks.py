@@ -284,45 +284,15 @@ def test_trigonometric_favor_denominators_cancelling_below_the_features_rounding
 
 
 # --- underflow ----------------------------------------------------------------------------------------
+@pytest.mark.xfail(strict=True, reason="open false alarm: a chunked algorithm cancelling subnormal terms")
 def test_the_chunked_delta_rule_from_a_large_state_at_subnormal_outputs():
     """Gated DeltaNet from a state 190 times its updates, decays of e^-29 and e^-74 at tokens 3-4 (seed 1,
     float32): the output there is 3e-45 and the chunked algorithm (the builtin's, fla's) cancels subnormal
-    terms to get it, erring 4.4e-44. The recurrence's bound under gradual underflow alone is 1.2e-44, and
-    against it the builtin failed at 3.53. Two rules of the bound now hold it, each on its own: the chunked
-    algorithm's own bound (proofs/fp-forward-error.md, "Other algorithms"; 0.029) and the flushing charge
-    at outputs below 2^-126 ("Underflow"; 0.069). Outputs 4% off still fail."""
+    terms to get it, erring 4.4e-44 against the recurrence's bound with gradual underflow's eta, 1.2e-44
+    (3.53). A flushing eta (2^-126) passes it at 0.069, and the chunked algorithm's own bound at 0.029, but
+    each passed wrong outputs elsewhere, and both are withdrawn (proofs/fp-forward-error.md, "Underflow")."""
     ex = _example("gated_deltanet_state_underflow", "float32", "outliers")
-    t = builtin("gated-deltanet", dtype="float32")
-    f = state_agreement(t, ex, causal=True)
-    assert f.passed and f.measured < 0.1, f
-
-    def off(q, k, v, **kw):
-        out, st = t.fn(q, k, v, **kw)
-        return out * 1.04, st
-
-    wrong = Target(off, t.variant, dtype="float32", params=dict(t.params), name="4% off")
-    assert not state_agreement(wrong, ex, causal=True).passed
-
-
-@pytest.mark.parametrize("name, causal", [("gated-deltanet", True), ("performer-positive", True)])
-def test_the_worst_case_bound_is_the_largest_over_the_standard_algorithms(name, causal):
-    """The rounding bound is C times the largest radius of the definition and of each other standard
-    algorithm in the model, entry by entry, and larger than the definition's alone somewhere (the
-    chunked delta rule, FAVOR+'s linear form; proofs/fp-forward-error.md, "Other algorithms")."""
-    from helpers import make_inputs
-
-    from gramcheck.agreement import REASSOCIATION_FACTOR, rounding_bound
-    from gramcheck.arith import rounding_model
-
-    var = builtin(name).variant
-    q, k, v, extras = make_inputs(name, N=64, d=8, H=2, seed=0)
-    kw = {**var.params, **extras}
-    model = rounding_model("float32")
-    own = model.radius(var.reference(q, k, v, causal=causal, arith=model, **kw))
-    others = [model.radius(x) for x in var.algorithms(q, k, v, causal=causal, arith=model, **kw)]
-    bound = rounding_bound(var, q, k, v, causal=causal, dtype="float32", **kw)
-    assert others and np.array_equal(bound, REASSOCIATION_FACTOR * np.maximum.reduce([own, *others]))
-    assert np.any(bound > REASSOCIATION_FACTOR * own)
+    assert state_agreement(builtin("gated-deltanet", dtype="float32"), ex, causal=True).passed
 
 
 # --- vanishing denominators ---------------------------------------------------------------------------

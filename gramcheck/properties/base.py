@@ -12,7 +12,6 @@ import numpy as np
 
 from ..agreement import rounding_bound
 from ..findings import Finding
-from ..precision import subnormals
 from ..strategies import KINDS, AttentionInputs
 from ..targets import Target, TargetError
 from ..variants.spec import Variant
@@ -46,15 +45,13 @@ class Property:
 
 
 def guarded(name: str) -> Callable[[Callable[..., Finding | None]], Callable[..., Finding | None]]:
-    """Wrap a property so that a misbehaving target gives a failing Finding of that failure kind, and its
-    rounding bounds model the target's declared subnormals (``Target.subnormals``)."""
+    """Wrap a property so that a misbehaving target gives a failing Finding of that failure kind."""
 
     def deco(fn: Callable[..., Finding | None]) -> Callable[..., Finding | None]:
         @functools.wraps(fn)
         def wrapper(target: Target, ex: AttentionInputs, **kw: Any) -> Finding | None:
             try:
-                with subnormals(target.subnormals):
-                    return fn(target, ex, **kw)
+                return fn(target, ex, **kw)
             except TargetError as err:
                 return Finding(
                     name,
@@ -111,9 +108,7 @@ def bound_of(
     target: Target, ex: AttentionInputs, *, causal: bool, v: np.ndarray | None = None, **extras: Any
 ) -> np.ndarray:
     """2 R(u_dtype): the componentwise rounding bound of the definition in the target's dtype
-    (proofs/fp-forward-error.md), with the target's hyperparameters: the allowed change between two
-    runs of the target in the invariance properties. The definition's alone (not the largest over the
-    variant's other algorithms, as agreement's): each use evaluates it on several inputs per example."""
+    (proofs/fp-forward-error.md), with the target's hyperparameters."""
     ex_extras = {**ex.extras, **extras}
     return rounding_bound(
         target.variant,
@@ -122,7 +117,6 @@ def bound_of(
         ex.v if v is None else v,
         causal=causal,
         dtype=target.dtype,
-        algorithms=False,
         **target.params,
         **ex_extras,
     )

@@ -25,7 +25,6 @@ from ..agreement import (
     LOW_PRECISION_K,
     REASSOCIATION_FACTOR,
     Yardsticks,
-    model_radii,
     per_slice,
     slice_magnitude,
 )
@@ -86,9 +85,9 @@ def state_bound(
     """2 R(u) of (out, S_N) computed from S_0 in the target's dtype, or in ``dtype``
     (proofs/state-passing.md)."""
     model = rounding_model(target.dtype if dtype is None else dtype)
-    kw = {**target.params, **ex.extras, "output_final_state": True, "initial_state": s0}
-    _, radii = model_radii(target.variant, model, ex.q, ex.k, ex.v, causal=True, **kw)
-    out_b, st_b = (REASSOCIATION_FACTOR * np.asarray(r, dtype=np.float64) for r in radii)
+    balls = _reference(target, ex, model, initial_state=s0)
+    with model.context():
+        out_b, st_b = (REASSOCIATION_FACTOR * np.asarray(model.radius(b), dtype=np.float64) for b in balls)
     return out_b, st_b
 
 
