@@ -758,10 +758,17 @@ class RoundedArith(BallArith):
         held = any(o.held for o in operands)
         if operands and all(o.exact for o in operands):
             return Ball(self, np.asarray(y, dtype=np.float64), np.zeros(np.shape(y)), exact=True, held=held)
-        to = self.held_dtype if held else self.dtype
+        return Ball(self, self._computed(y, self._dtype_of(held)), np.zeros(np.shape(y)), held=held)
+
+    def _dtype_of(self, held: bool) -> str:
+        """The dtype a tensor is in: float32 for a ``held`` one, the target's dtype otherwise."""
+        return self.held_dtype if held else self.dtype
+
+    def _computed(self, y: Any, to: str) -> np.ndarray:
+        """y as torch computes a result in ``to``: in float32 below float32, then rounded to ``to``."""
         if to in ("bfloat16", "float16"):
             y = round_to(y, "float32", wide_range=self.wide_range)
-        return Ball(self, round_to(y, to, wide_range=self.wide_range), np.zeros(np.shape(y)), held=held)
+        return round_to(y, to, wide_range=self.wide_range)
 
     def _pair(self, a: Ball, b: Ball, *, to_tensor: bool = False) -> tuple[Any, Any]:
         """The operands' values as an elementwise kernel sees them: a constant meeting a tensor is cast to
@@ -771,7 +778,7 @@ class RoundedArith(BallArith):
         if a.exact == b.exact or self.dtype == "float64":
             return a.mid, b.mid
         tensor = b if a.exact else a
-        to = (self.held_dtype if tensor.held else self.dtype) if to_tensor else "float32"
+        to = self._dtype_of(tensor.held) if to_tensor else "float32"
         x, y = (round_to(o.mid, to, wide_range=self.wide_range) if o.exact else o.mid for o in (a, b))
         return x, y
 
@@ -794,10 +801,8 @@ class RoundedArith(BallArith):
         if a.exact and not b.exact and self.dtype != "float64":
             # a Python float over a tensor: torch computes the tensor's reciprocal, rounded to its dtype,
             # times the constant in float32
-            to = self.held_dtype if b.held else self.dtype
             with np.errstate(divide="ignore", invalid="ignore"):
-                inv = np.divide(1.0, y)
-                inv = round_to(round_to(inv, "float32", wide_range=self.wide_range), to, wide_range=self.wide_range)
+                inv = self._computed(np.divide(1.0, y), self._dtype_of(b.held))
             return self._r(x * inv, a, b)
         return self._r(np.divide(x, y), a, b)
 

@@ -410,8 +410,9 @@ class CoarseArith(Arith):
         a = None if alpha is None else self._lift(alpha)
         B, H, N, dk = np.broadcast_shapes(q.shape, k.shape)
         dv = v.shape[-1]
-        s = np.zeros((B, H, dk, dv)) if initial_state is None else np.array(self._lift(initial_state).mid)
-        r0 = 0.0 if initial_state is None else self._lift(initial_state).bound
+        s0 = None if initial_state is None else self._lift(initial_state)
+        s = np.zeros((B, H, dk, dv)) if s0 is None else s0.mid
+        r0 = 0.0 if s0 is None else s0.bound
         out = np.empty((B, H, N, dv))
         sigma, wmax = np.empty(N + 1), np.empty(N)
         sigma[0] = _amax(s)
@@ -450,8 +451,8 @@ class CoarseArith(Arith):
         gk = gamma(dk)
         qt = _amax_over(np.abs(q.mid).sum(axis=-1), (0, 1)) / (1 - gk) if gk < 1 else np.full(N, _INF)
         rad = (qt + dk * rq) * errs + dk * rq * sigma[1:] + gk * qt * sigma[1:]
-        rad_o = _inflate(float(np.max(rad)) + dk * _ETA, 2 * dk + 12) if N else 0.0
-        return CoarseBall(self, out, rad_o if rad_o == rad_o else _INF), CoarseBall(self, s, last)
+        rad_o = _inflate(float(np.max(rad)) + dk * _ETA, 2 * dk + 12) if N else 0.0  # NaN: inf
+        return CoarseBall(self, out, rad_o), CoarseBall(self, s, last)
 
 
 _BLOCK = 64  # tokens whose states are kept at once: B H 64 d_k d_v float64 numbers
