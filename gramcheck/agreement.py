@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from . import algorithm_underflow
 from . import variants as _variants
 from .arith import ProbabilisticModel, RoundedArith, rounding_model
 from .findings import Finding
@@ -78,9 +79,17 @@ def rounding_evaluation(
     """``rounding_bound``, with the float64 value and the float64 certificate the same pass yields
     (proofs/ball-arithmetic.md, "One pass for the rounding bound and the truth")."""
     model = rounding_model(dtype)
-    ball = _variants.get(variant).reference(q, k, v, causal=causal, arith=model, **kwargs)
-    bound = REASSOCIATION_FACTOR * model.radius(ball)
+    var = _variants.get(variant)
+    ball = var.reference(q, k, v, causal=causal, arith=model, **kwargs)
+    bound = REASSOCIATION_FACTOR * (model.radius(ball) + _share(var, q, k, v, causal, dtype, rounding_model, kwargs))
     return RoundingEvaluation(bound, model.to_float64(ball), model.float64_certificate(ball))
+
+
+def _share(var: Any, q: Any, k: Any, v: Any, causal: bool, dtype: Any, model: Any, kwargs: dict[str, Any]) -> Any:
+    """The other algorithms' underflow share where the judgment asks for it (``algorithm_underflow``)."""
+    if not algorithm_underflow.active():
+        return 0.0
+    return algorithm_underflow.underflow_share(var, q, k, v, causal=causal, dtype=dtype, model=model, **kwargs)
 
 
 def probabilistic_bound(
@@ -90,9 +99,11 @@ def probabilistic_bound(
     Mary's gamma~_n(lambda) instead of gamma_n; it holds for all entries together with at least the
     returned probability under the probabilistic rounding model (proofs/probabilistic-rounding.md)."""
     model = ProbabilisticModel(dtype)
+    var = _variants.get(variant)
     with np.errstate(all="ignore"):
-        ball = _variants.get(variant).reference(q, k, v, causal=causal, arith=model, **kwargs)
-    return REASSOCIATION_FACTOR * model.radius(ball), 1.0 - model.failure_probability()
+        ball = var.reference(q, k, v, causal=causal, arith=model, **kwargs)
+        share = _share(var, q, k, v, causal, dtype, ProbabilisticModel, kwargs)
+    return REASSOCIATION_FACTOR * (model.radius(ball) + share), 1.0 - model.failure_probability()
 
 
 def naive_definition(
@@ -259,10 +270,28 @@ def check_agreement(
 ) -> Finding:
     """Finding: max_ij |out - truth| / bound_ij <= 1 where the worst-case bound is informative, and the
     probabilistic bound or the low-precision rule where it is not (module docstring). Inputs must
-    already be representable in dtype."""
+    already be representable in dtype. The bounds are the definition's, and where those fail, with the
+    variant's other standard algorithms' underflow share added (``algorithm_underflow.judged``)."""
+    var = _variants.get(variant)
+    return algorithm_underflow.judged(
+        var, lambda: _check_agreement(name, output, var, q, k, v, causal=causal, dtype=dtype, **kwargs)
+    )
+
+
+def _check_agreement(
+    name: str,
+    output: np.ndarray,
+    var: Any,
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    *,
+    causal: bool,
+    dtype: Any,
+    **kwargs: Any,
+) -> Finding:
     out = np.asarray(output, dtype=np.float64)
     u = unit_roundoff(dtype)
-    var = _variants.get(variant)
     with np.errstate(all="ignore"):
         # one pass: the bound, the float64 reference (its midpoints) and a float64 certificate of the truth
         model = rounding_evaluation(var, q, k, v, causal=causal, dtype=dtype, **kwargs)
@@ -270,7 +299,7 @@ def check_agreement(
     scale = slice_magnitude(approx, v)
     vacuous_guess = ~(bound < 0.5 * scale)
     if vacuous_guess.any():
-        pbound, probability = probabilistic_bound(variant, q, k, v, causal=causal, dtype=dtype, **kwargs)
+        pbound, probability = probabilistic_bound(var, q, k, v, causal=causal, dtype=dtype, **kwargs)
     else:
         pbound, probability = np.full(bound.shape, np.inf), 1.0
     # the truth to 1% of the bound that judges each entry; where the low-precision rule may judge, which

@@ -398,6 +398,11 @@ class BallArith(Arith):
     def _inflate(self, r: Any, k: int) -> Any:
         return r * (1 + 2 * k * self.b.u)
 
+    def without_underflow(self) -> None:
+        """Charge no underflow from here on (eta = 0): the radii of the formula's relative rounding alone
+        (``algorithm_underflow``)."""
+        self._eta = 0.0
+
     def _rnd(self, y: Any, ulps: int = 1) -> Any:
         """Rounding error of one operation whose computed result is y: ulps * u * |y| + eta."""
         return ulps * self.b.u * np.abs(y) + self._eta
@@ -614,6 +619,10 @@ class RoundingModel(BallArith):
             lam *= 2.0
         self.float64_scale = max(lam, math.ldexp(1.0, -1074) / self.b.eta)  # both powers of two
         self.scales = self.float64_scale <= 1.0
+
+    def without_underflow(self) -> None:
+        super().without_underflow()
+        self.scales = False  # the scaled radii no longer bound the float64 evaluation's underflow
 
     def sqrt(self, x: Ball) -> Ball:
         # the rule for a ball reaching 0, sqrt(|m| + r), does not scale with r (sqrt is concave)

@@ -48,6 +48,10 @@ from .validation import check_choice, check_positive_int
 
 FORMS = ("parallel", "recurrent", "chunked")
 
+# The chunk sizes of production chunked forms: gramcheck's builtin forms (16) and fla's kernels (BT = 64). The
+# properties aim at their boundaries, and the low-precision rules evaluate chunked algorithms at each.
+CHUNK_SIZES = (16, 64)
+
 
 def _torch() -> Any:
     import torch

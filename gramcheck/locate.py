@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .findings import Finding
+from .forms import CHUNK_SIZES
 
 # failure kinds of the target itself: a prefix search would only repeat them
 _TARGET_FAILURES = ("raised", "timeout", "wrong-type", "wrong-shape", "wrong-dtype", "wrong-device", "mutates-inputs")
@@ -38,7 +39,7 @@ def describe(f: Finding, prop_name: str, ex: Any) -> None:
 
 
 def smallest_failing_prefix(
-    prop: Any, target: Any, ex: Any, *, causal: bool, chunks: Sequence[int] = (16, 64)
+    prop: Any, target: Any, ex: Any, *, causal: bool, chunks: Sequence[int] = CHUNK_SIZES
 ) -> dict[str, Any]:
     """Binary search for the smallest N' <= N whose prefix fails ``prop`` (causal mode: a prefix's outputs
     are the first N' outputs of the whole, so failure is monotone in N' for output checks). About log2 N

@@ -89,7 +89,7 @@ def truth(
     tensor instead of the batch items and causal prefix that fell short (same truth, more work).
     """
     var = _variants.get(variant)
-    _check_request(digits, atol)
+    _check_request(digits, atol, kwargs)
     tried: list[str] = []
 
     certified = var.enclosure(q, k, v, causal=causal, **kwargs)  # the variant's own, where ball radii wrap
@@ -163,7 +163,7 @@ def truth_given(
     ``truth`` computes the others, on the batch items (and causal prefix) that hold them
     (``_escalation_slice``), or on the whole problem where that is no larger."""
     var = _variants.get(variant)
-    _check_request(digits, atol)
+    _check_request(digits, atol, kwargs)
     value, bound = (np.asarray(x, dtype=np.float64) for x in certified)
     finite = np.isfinite(value)
     need = (bound > _tolerance(np.where(finite, value, 0.0), digits, atol)) | ~finite
@@ -181,7 +181,12 @@ def truth_given(
     return Truth(value, bound, t.arithmetic, t.prec, met, undefined, ["float64 (given)", *t.tried])
 
 
-def _check_request(digits: float | None, atol: Any) -> None:
+def _check_request(digits: float | None, atol: Any, kwargs: Any) -> None:
+    if kwargs.get("output_final_state"):
+        raise ValueError(
+            "output_final_state: got True; the truth is that of the output alone (the final state's is "
+            "gramcheck.properties.state.state_truth's)"
+        )
     if digits is None and atol is None:
         raise ValueError("digits: got None with atol None; expected an accuracy request")
     if digits is not None and (isinstance(digits, bool) or not math.isfinite(float(digits)) or digits <= 0):

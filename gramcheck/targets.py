@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from . import variants as _variants
+from .forms import CHUNK_SIZES
 from .precision import dtype_name
 from .variants.spec import Variant
 
@@ -557,7 +558,7 @@ class _ProcessWorker:
 
 
 def builtin(
-    variant: Any, *, form: str | None = None, chunk_size: int = 16, dtype: Any = "float32", **params: Any
+    variant: Any, *, form: str | None = None, chunk_size: int = CHUNK_SIZES[0], dtype: Any = "float32", **params: Any
 ) -> Target:
     """gramcheck's own torch form of ``variant`` as a Target (``builtin:NAME`` on the command line)."""
     var = _variants.get(variant)

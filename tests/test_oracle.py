@@ -169,3 +169,17 @@ def test_exact_operand_fast_path_gives_identical_radii(prec, monkeypatch):
     for f, g in zip(fast, general, strict=True):
         assert np.shape(f) == np.shape(g)
         assert all(x == y for x, y in zip(np.ravel(f), np.ravel(g), strict=True))  # bit for bit (mpf compares exactly)
+
+
+def test_the_truth_of_a_final_state_is_asked_of_state_truth():
+    """``truth`` certifies the output; asked for (out, S_N) it says where the state's truth is, rather than
+    failing on a pair inside the coarse pass."""
+    from gramcheck.oracle import truth_given
+
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, 1, 5, 3)) for _ in range(3))
+    with pytest.raises(ValueError, match="^output_final_state: got True; .*state_truth"):
+        truth("retnet", q, k, v, causal=True, output_final_state=True)
+    with pytest.raises(ValueError, match="^output_final_state: got True"):
+        truth_given("retnet", q, k, v, (np.zeros((1, 1, 5, 3)),) * 2, causal=True, output_final_state=True)
+    assert truth("retnet", q, k, v, causal=True, output_final_state=False).met

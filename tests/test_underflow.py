@@ -85,3 +85,83 @@ def test_a_flushing_kernel_passes_on_normal_results_where_a_zero_output_fails(fl
 )
 def test_the_rounding_models_underflow_unit_is_the_smallest_subnormal(dtype, eta):
     assert rounding_model(dtype).b.eta == eta
+
+
+# --- the other algorithms' underflow share (gramcheck.algorithm_underflow) ------------------------------
+def _delta_inputs(name: str, dtype: str, seed: int = 0):
+    from gramcheck.inputs import draw_log_decay
+    from gramcheck.precision import round_to
+    from gramcheck.variants import get
+    from gramcheck.variants.deltanet import draw_beta
+
+    rng = np.random.default_rng(seed)
+    q, k, v = (round_to(rng.standard_normal((1, 2, 32, 8)), dtype) for _ in range(3))
+    ex = {"beta": round_to(draw_beta(rng, (1, 2, 32), "uniform"), dtype)}
+    if "g" in get(name).input_names:
+        ex["g"] = np.minimum(round_to(draw_log_decay(rng, (1, 2, 32), "mixed"), dtype), 0.0)
+    return q, k, v, ex
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize(
+    "name, wrong",
+    [("gated-deltanet", "last token zeroed"), ("gated-deltanet", "v_0 dropped"), ("deltanet", "v_0 dropped")],
+)
+def test_the_underflow_share_leaves_verdicts_at_normal_magnitudes_alone(name, wrong, dtype):
+    """The wrong delta-rule outputs that the largest bound over the algorithms passed in bfloat16 (the last
+    token zeroed: 2.21 -> 0.57; v_0 dropped: 1.97 -> 0.55, and 2.68 -> 0.64 for DeltaNet) fail with the
+    chunked algorithm's underflow share as they fail without it: at normal magnitudes the share is eta
+    times the error's coefficients, below 1e-20 of the definition's bound (here 0: eta vanishes in the
+    radii's float64 sums), and the verdict's measure is the definition's to 1e-9."""
+    from gramcheck.algorithm_underflow import underflow_share
+    from gramcheck.variants import get
+
+    q, k, v, ex = _delta_inputs(name, dtype)
+    t = builtin(name, dtype=dtype)
+    if wrong == "last token zeroed":
+        out = np.array(t(q, k, v, causal=True, **ex), dtype=np.float64)
+        out[..., -1, :] = 0.0
+    else:
+        v0 = v.copy()
+        v0[..., 0, :] = 0.0
+        out = np.asarray(t(q, k, v0, causal=True, **ex), dtype=np.float64)
+    kw = {**t.params, **ex}
+    f = A.check_agreement("agreement", out, t.variant, q, k, v, causal=True, dtype=dtype, **kw)
+    alone = A._check_agreement("agreement", out, get(name), q, k, v, causal=True, dtype=dtype, **kw)
+    assert not f.passed and f.details["algorithms_underflow"], f
+    assert f.measured == pytest.approx(alone.measured, rel=1e-9)
+    share = underflow_share(get(name), q, k, v, causal=True, dtype=dtype, **kw)
+    bound = A.rounding_bound(name, q, k, v, causal=True, dtype=dtype, **kw)
+    assert share.max() <= 1e-20 * bound.max()
+
+
+def test_the_underflow_share_is_the_algorithms_charges_of_eta():
+    """Gated DeltaNet from a large state through decays of e^-29 and e^-74 (tests/data, the input of
+    test_yardsticks' subnormal-output test): the chunked algorithm evaluated in float32 (RoundedArith,
+    gradual underflow) errs up to 31 subnormal units at entries of 3e-45, beyond the definition's bound,
+    and within it plus the share; with eta = 0 in both evaluations the share vanishes, and it is charged
+    where the chunked algorithm's cumulative decay is subnormal (tokens 4 on), nowhere before."""
+    from pathlib import Path
+
+    from gramcheck.algorithm_underflow import underflow_share
+    from gramcheck.arith import RoundedArith
+    from gramcheck.properties.state import initial_state_of
+    from gramcheck.strategies import AttentionInputs
+    from gramcheck.variants.deltanet import chunked_reference
+
+    a = dict(np.load(Path(__file__).parent / "data" / "gated_deltanet_state_underflow.npz"))
+    q, k, v = a.pop("q"), a.pop("k"), a.pop("v")
+    t = builtin("gated-deltanet", dtype="float32")
+    s0 = initial_state_of(t, AttentionInputs(q, k, v, a, "outliers", "float32", {}))
+    var = t.variant
+    kw = {"causal": True, **t.params, **a, "initial_state": s0}
+    out_share = underflow_share(var, q, k, v, dtype="float32", **kw)
+    ar = RoundedArith("float32")
+    with np.errstate(all="ignore"):
+        naive = ar.stored(var._run(chunked_reference, q, k, v, True, ar, {**t.params, **a, "initial_state": s0}))
+    exact = var.reference(q, k, v, **kw)
+    err = np.abs(naive - exact)
+    definition = A.rounding_bound(var, q, k, v, dtype="float32", **kw)
+    assert np.any(err > definition)
+    assert np.all(err <= definition + 2 * out_share)
+    assert out_share[..., :4, :].max() == 0 < out_share[..., 4:, :].max()

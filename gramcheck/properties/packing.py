@@ -14,14 +14,16 @@ from typing import Any
 
 import numpy as np
 
+from .. import algorithm_underflow
 from ..findings import Finding
+from ..forms import CHUNK_SIZES
 from ..precision import round_to
 from ..strategies import AttentionInputs
 from ..targets import Target
 from .backward import definition_gradients, differentiable, smooth_definition, target_gradients
 from .base import bound_of, guarded
 from .invariants import _rng, _undefined
-from .state import CHUNKS, _diff, _segment, initial_state_of, parts_finding, state_bound
+from .state import _diff, _segment, initial_state_of, parts_finding, state_bound
 
 BACKWARD_K = 2.0
 
@@ -39,7 +41,7 @@ def cu_seqlens_of(ex: AttentionInputs, n: int) -> np.ndarray:
     """1 to 3 cuts in [1, N - 1], at chunk boundaries or their neighbours where N reaches them; chosen by
     the example."""
     rng = _rng(ex, "cu")
-    near = sorted({m + o for c in CHUNKS for m in range(c, n, c) for o in (-1, 0, 1) if 1 <= m + o <= n - 1})
+    near = sorted({m + o for c in CHUNK_SIZES for m in range(c, n, c) for o in (-1, 0, 1) if 1 <= m + o <= n - 1})
     count = int(rng.integers(1, min(3, n - 1) + 1))
     cuts: set[int] = set()
     while len(cuts) < count:
@@ -55,6 +57,7 @@ def _row(ex: AttentionInputs) -> AttentionInputs:
 
 
 @guarded("packing")
+@algorithm_underflow.judged_property
 def packing(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding | None:
     """Packed = each sequence alone: outputs and states within the sum of the two runs' 2 R(u), gradients
     within twice the backward rule's bound (proofs/backward-agreement.md) of each sequence."""

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import algorithm_underflow
 from ..agreement import (
     LOW_PRECISION_FLOOR_ULPS,
     LOW_PRECISION_K,
@@ -30,13 +31,12 @@ from ..agreement import (
 )
 from ..arith import BALL_F64, F64, BallMP, RoundedArith, rounding_model
 from ..findings import Finding
+from ..forms import CHUNK_SIZES
 from ..precision import round_to, unit_roundoff
 from ..strategies import AttentionInputs
 from ..targets import Target
 from .base import arrays_of, guarded
 from .invariants import _rng
-
-CHUNKS = (16, 64)  # chunk sizes whose boundaries the split point aims at (fla's BT = 64; ours 16)
 
 
 def state_passing(variant: Any, causal: bool, params: dict[str, Any]) -> bool:
@@ -84,10 +84,16 @@ def state_bound(
 ) -> tuple[np.ndarray, np.ndarray]:
     """2 R(u) of (out, S_N) computed from S_0 in the target's dtype, or in ``dtype``
     (proofs/state-passing.md)."""
-    model = rounding_model(target.dtype if dtype is None else dtype)
+    dtype = target.dtype if dtype is None else dtype
+    model = rounding_model(dtype)
     balls = _reference(target, ex, model, initial_state=s0)
     with model.context():
-        out_b, st_b = (REASSOCIATION_FACTOR * np.asarray(model.radius(b), dtype=np.float64) for b in balls)
+        radii = [np.asarray(model.radius(b), dtype=np.float64) for b in balls]
+    if algorithm_underflow.active():  # where the definition's bounds failed: the other algorithms' share
+        kw = {**target.params, **ex.extras, "initial_state": s0, "output_final_state": True}
+        share = algorithm_underflow.underflow_share(target.variant, ex.q, ex.k, ex.v, causal=True, dtype=dtype, **kw)
+        radii = [r + s for r, s in zip(radii, share, strict=True)]
+    out_b, st_b = (REASSOCIATION_FACTOR * r for r in radii)
     return out_b, st_b
 
 
@@ -190,7 +196,7 @@ def parts_finding(
     if firsts:
         t = min(firsts.values())
         details["first_failing_token"] = t
-        details["chunk_position"] = {str(c): t % c for c in CHUNKS}
+        details["chunk_position"] = {str(c): t % c for c in CHUNK_SIZES}
     return Finding(
         name,
         measured,
@@ -203,6 +209,7 @@ def parts_finding(
 
 
 @guarded("state-agreement")
+@algorithm_underflow.judged_property
 def state_agreement(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding | None:
     """From a nonzero S_0: |out - out*| <= 2 R_out(u) and |S_N - S_N*| <= 2 R_S(u) componentwise, * the
     definition run from the same S_0 (proofs/state-passing.md)."""
@@ -367,13 +374,14 @@ def split_point(ex: AttentionInputs) -> int:
     sizes) when N reaches one, else any; chosen by the example."""
     n = ex.q.shape[-2]
     rng = _rng(ex, "split")
-    near = sorted({m + o for c in CHUNKS for m in range(c, n, c) for o in (-1, 0, 1) if 1 <= m + o <= n - 1})
+    near = sorted({m + o for c in CHUNK_SIZES for m in range(c, n, c) for o in (-1, 0, 1) if 1 <= m + o <= n - 1})
     if near and rng.random() < 0.75:
         return int(rng.choice(near))
     return int(rng.integers(1, n))
 
 
 @guarded("state-split")
+@algorithm_underflow.judged_property
 def state_split(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding | None:
     """[0, t) from S_0, then [t, N) from the carried state, equals one pass over [0, N) from S_0:
     |split - full| <= B_full + B_split, with B_split the rounding bounds of both segments plus the
@@ -420,12 +428,13 @@ def state_split(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding
         token_axis={"out": 2},
         **vac.counts(rule),
         split=t,
-        split_chunk_position={str(c): t % c for c in CHUNKS},
+        split_chunk_position={str(c): t % c for c in CHUNK_SIZES},
         initial_state="nonzero" if s0 is not None else "none",
     )
 
 
 @guarded("zero-initial-state")
+@algorithm_underflow.judged_property
 def zero_initial_state(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding | None:
     """S_0 = 0 gives the output and final state that no S_0 gives, within the two rounding bounds;
     ``bit_identical`` records whether they are the same bits."""

@@ -1,0 +1,110 @@
+"""The underflow charges of a variant's other standard algorithms (proofs/fp-forward-error.md, "Other
+algorithms' underflow").
+
+A production form may evaluate another standard algorithm than the definition (the chunked delta rule,
+FAVOR+'s linear form), and where that algorithm's intermediates fall into the subnormals it errs by
+absolute amounts, eta per operation times the coefficients that carry the error to the output, that the
+definition's rounding model does not see (Gated DeltaNet's chunked algorithm forms a cumulative decay of
+e^-103 and multiplies it by a state 190 times its updates). The underflow share of algorithm A is
+
+    U_A = R_A(u, eta) - R_A(u, 0),
+
+its rounding-model radius with the dtype's underflow unit less the same radius without it: every term
+an underflow contributed, and nothing of A's relative rounding, which can be vacuous (the chunked delta
+rule's triangular solve in bfloat16) and must not loosen the definition's bounds. A rounding bound
+becomes C (R_def + max_A U_A), an infinite or undefined U_A counting 0 (it proves nothing).
+
+The definition's bounds judge first; the share is computed only for a judgment that fails with them
+(``judged``), so a correct output that the definition's bounds already pass costs nothing more, and only
+a failing target pays the other algorithms' two model evaluations.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from contextvars import ContextVar
+from typing import Any, TypeVar
+
+import numpy as np
+
+from .arith import rounding_model
+from .findings import Finding
+
+_SHARED: ContextVar[bool] = ContextVar("gramcheck_algorithm_underflow", default=False)
+F = TypeVar("F", bound=Finding | None)
+
+
+def underflow_share(
+    var: Any,
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    causal: bool,
+    dtype: Any,
+    model: Callable[[Any], Any] = rounding_model,
+    **kw: Any,
+) -> Any:
+    """max over the variant's other standard algorithms of U_A = R_A(u, eta) - R_A(u, 0) in the model
+    ``model(dtype)`` (``rounding_model`` or a ``ProbabilisticModel``), entrywise, 0 where not finite;
+    an (out, S_N) pair where the algorithms return one (``output_final_state``); 0 without algorithms."""
+    if not var.algorithms_fn:
+        return 0.0
+    with_eta, without = (_radii(var, model(dtype), underflow, q, k, v, causal, kw) for underflow in (True, False))
+    shares = None
+    for parts, parts0 in zip(with_eta, without, strict=True):  # one algorithm's parts, with and without eta
+        with np.errstate(invalid="ignore"):
+            share = [
+                np.where(np.isfinite(a - b), np.maximum(a - b, 0.0), 0.0) for a, b in zip(parts, parts0, strict=True)
+            ]
+        shares = share if shares is None else [np.maximum(s, t) for s, t in zip(shares, share, strict=True)]
+    assert shares is not None
+    return tuple(shares) if len(shares) > 1 else shares[0]
+
+
+def _radii(var: Any, ar: Any, underflow: bool, q: Any, k: Any, v: Any, causal: bool, kw: Any) -> list[list[Any]]:
+    """Per algorithm, the radii of its results (one, or out and S_N) in the model ``ar``."""
+    if not underflow:
+        ar.without_underflow()
+    with np.errstate(all="ignore"):
+        runs = var.algorithms(q, k, v, causal=causal, arith=ar, **kw)
+        with ar.context():
+            return [[np.asarray(ar.radius(p), dtype=np.float64) for p in _parts(r)] for r in runs]
+
+
+def _parts(result: Any) -> tuple[Any, ...]:
+    return result if isinstance(result, tuple) else (result,)
+
+
+def active() -> bool:
+    """Whether the rounding bounds being computed take the other algorithms' underflow share."""
+    return _SHARED.get()
+
+
+def judged(var: Any, judge: Callable[[], F]) -> F:
+    """``judge()`` against the definition's bounds; where that fails and the variant has other standard
+    algorithms, ``judge()`` once more with their underflow share in every rounding bound (``active``),
+    recorded as ``details["algorithms_underflow"]``."""
+    first = judge()
+    if first is None or first.passed or not var.algorithms_fn or _SHARED.get():
+        return first
+    token = _SHARED.set(True)
+    try:
+        second = judge()
+    finally:
+        _SHARED.reset(token)
+    if second is not None:
+        second.details["algorithms_underflow"] = True
+    return second
+
+
+def judged_property(fn: Callable[..., Finding | None]) -> Callable[..., Finding | None]:
+    """A property ``fn(target, ex, **kw)`` whose rounding bounds take the other algorithms' underflow
+    share where the definition's fail (``judged``)."""
+
+    @functools.wraps(fn)
+    def wrapper(target: Any, ex: Any, **kw: Any) -> Finding | None:
+        return judged(target.variant, lambda: fn(target, ex, **kw))
+
+    return wrapper
