@@ -81,15 +81,21 @@ def rounding_evaluation(
     model = rounding_model(dtype)
     var = _variants.get(variant)
     ball = var.reference(q, k, v, causal=causal, arith=model, **kwargs)
-    bound = REASSOCIATION_FACTOR * (model.radius(ball) + _share(var, q, k, v, causal, dtype, rounding_model, kwargs))
-    return RoundingEvaluation(bound, model.to_float64(ball), model.float64_certificate(ball))
+    value = model.to_float64(ball)
+    share = _share(var, q, k, v, causal, dtype, value, rounding_model, kwargs)
+    bound = REASSOCIATION_FACTOR * (model.radius(ball) + share)
+    return RoundingEvaluation(bound, value, model.float64_certificate(ball))
 
 
-def _share(var: Any, q: Any, k: Any, v: Any, causal: bool, dtype: Any, model: Any, kwargs: dict[str, Any]) -> Any:
+def _share(
+    var: Any, q: Any, k: Any, v: Any, causal: bool, dtype: Any, value: Any, model: Any, kwargs: dict[str, Any]
+) -> Any:
     """The other algorithms' underflow share where the judgment asks for it (``algorithm_underflow``)."""
     if not algorithm_underflow.active():
         return 0.0
-    return algorithm_underflow.underflow_share(var, q, k, v, causal=causal, dtype=dtype, model=model, **kwargs)
+    return algorithm_underflow.underflow_share(
+        var, q, k, v, causal=causal, dtype=dtype, values=value, model=model, **kwargs
+    )
 
 
 def probabilistic_bound(
@@ -102,7 +108,7 @@ def probabilistic_bound(
     var = _variants.get(variant)
     with np.errstate(all="ignore"):
         ball = var.reference(q, k, v, causal=causal, arith=model, **kwargs)
-        share = _share(var, q, k, v, causal, dtype, ProbabilisticModel, kwargs)
+        share = _share(var, q, k, v, causal, dtype, model.to_float64(ball), ProbabilisticModel, kwargs)
     return REASSOCIATION_FACTOR * (model.radius(ball) + share), 1.0 - model.failure_probability()
 
 

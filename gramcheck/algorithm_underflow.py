@@ -12,7 +12,14 @@ e^-103 and multiplies it by a state 190 times its updates). The underflow share 
 its rounding-model radius with the dtype's underflow unit less the same radius without it: every term
 an underflow contributed, and nothing of A's relative rounding, which can be vacuous (the chunked delta
 rule's triangular solve in bfloat16) and must not loosen the definition's bounds. A rounding bound
-becomes C (R_def + max_A U_A), an infinite or undefined U_A counting 0 (it proves nothing).
+becomes C (R_def + max_A U_A), an infinite or undefined U_A counting 0 (it proves nothing), and U_A
+counts only at entries whose value is a subnormal of a dtype whose subnormals lie below float32's normal
+range (float32, bfloat16). The model charges n eta to every accumulation of n products, zeros
+included, and carries it through the algorithm's coefficients, so U_A is many times eta (77-267 eta at
+ordinary float16 outputs, 5e4 at a bfloat16 entry by the underflow): at a normal output, or at float16's
+subnormals (6e-8 to 6.1e-5, ordinary values), that passed outputs 2-18% off. At a subnormal of float32's
+range every algorithm's result is decided by its underflows, kernels that flush set it to 0, and where
+U_A reaches the magnitude of the entry's (batch, head) slice the worst-case bound no longer judges it.
 
 The definition's bounds judge first; the share is computed only for a judgment that fails with them
 (``judged``), so a correct output that the definition's bounds already pass costs nothing more, and only
@@ -30,6 +37,7 @@ import numpy as np
 
 from .arith import rounding_model
 from .findings import Finding
+from .precision import smallest_normal
 
 _SHARED: ContextVar[bool] = ContextVar("gramcheck_algorithm_underflow", default=False)
 F = TypeVar("F", bound=Finding | None)
@@ -43,12 +51,16 @@ def underflow_share(
     *,
     causal: bool,
     dtype: Any,
+    values: Any,
     model: Callable[[Any], Any] = rounding_model,
     **kw: Any,
 ) -> Any:
     """max over the variant's other standard algorithms of U_A = R_A(u, eta) - R_A(u, 0) in the model
-    ``model(dtype)`` (``rounding_model`` or a ``ProbabilisticModel``), entrywise, 0 where not finite;
-    an (out, S_N) pair where the algorithms return one (``output_final_state``); 0 without algorithms."""
+    ``model(dtype)`` (``rounding_model`` or a ``ProbabilisticModel``), entrywise, 0 where not finite and
+    where ``values`` (the definition's float64 result, or its (out, S_N) pair) is not below the dtype's
+    smallest normal number, and everywhere for a dtype whose subnormals are not below float32's normal
+    range (float16: they start at 6.1e-5, an ordinary output scale); an (out, S_N) pair where the
+    algorithms return one (``output_final_state``); 0 without algorithms."""
     if not var.algorithms_fn:
         return 0.0
     with_eta, without = (_radii(var, model(dtype), underflow, q, k, v, causal, kw) for underflow in (True, False))
@@ -60,6 +72,8 @@ def underflow_share(
             ]
         shares = share if shares is None else [np.maximum(s, t) for s, t in zip(shares, share, strict=True)]
     assert shares is not None
+    tiny = smallest_normal(dtype) if smallest_normal(dtype) <= smallest_normal("float32") else 0.0
+    shares = [np.where(np.abs(x) < tiny, s, 0.0) for s, x in zip(shares, _parts(values), strict=True)]
     return tuple(shares) if len(shares) > 1 else shares[0]
 
 

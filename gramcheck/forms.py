@@ -49,7 +49,8 @@ from .validation import check_choice, check_positive_int
 FORMS = ("parallel", "recurrent", "chunked")
 
 # The chunk sizes of production chunked forms: gramcheck's builtin forms (16) and fla's kernels (BT = 64). The
-# properties aim at their boundaries, and the low-precision rules evaluate chunked algorithms at each.
+# properties aim at their boundaries, and FAVOR+'s linear form is a yardstick at each (the delta rule's chunked
+# algorithm, whose ball evaluation costs more, at 64 only).
 CHUNK_SIZES = (16, 64)
 
 

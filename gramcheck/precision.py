@@ -122,6 +122,11 @@ def smallest_subnormal(dtype: Any) -> float:
     return math.ldexp(1.0, _RANGE[dtype_name(dtype)][0])
 
 
+def smallest_normal(dtype: Any) -> float:
+    """The smallest positive normal value of the format (2^-126 for float32 and bfloat16, 2^-14 for float16)."""
+    return smallest_subnormal(dtype) * 2.0 ** (significand_bits(dtype) - 1)
+
+
 def underflow_unit(dtype: Any) -> float:
     """eta of the rounding model: the absolute error charged to every operation for underflow, under
     gradual underflow (the smallest subnormal). A flushing unit (2^-126 for float32-computing formats)
