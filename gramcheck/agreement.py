@@ -81,21 +81,9 @@ def rounding_evaluation(
     model = rounding_model(dtype)
     var = _variants.get(variant)
     ball = var.reference(q, k, v, causal=causal, arith=model, **kwargs)
-    value = model.to_float64(ball)
-    share = _share(var, q, k, v, causal, dtype, value, rounding_model, kwargs)
+    share = algorithm_underflow.added_share(var, model, ball, q, k, v, causal=causal, dtype=dtype, **kwargs)
     bound = REASSOCIATION_FACTOR * (model.radius(ball) + share)
-    return RoundingEvaluation(bound, value, model.float64_certificate(ball))
-
-
-def _share(
-    var: Any, q: Any, k: Any, v: Any, causal: bool, dtype: Any, value: Any, model: Any, kwargs: dict[str, Any]
-) -> Any:
-    """The other algorithms' underflow share where the judgment asks for it (``algorithm_underflow``)."""
-    if not algorithm_underflow.active():
-        return 0.0
-    return algorithm_underflow.underflow_share(
-        var, q, k, v, causal=causal, dtype=dtype, values=value, model=model, **kwargs
-    )
+    return RoundingEvaluation(bound, model.to_float64(ball), model.float64_certificate(ball))
 
 
 def probabilistic_bound(
@@ -108,7 +96,7 @@ def probabilistic_bound(
     var = _variants.get(variant)
     with np.errstate(all="ignore"):
         ball = var.reference(q, k, v, causal=causal, arith=model, **kwargs)
-        share = _share(var, q, k, v, causal, dtype, model.to_float64(ball), ProbabilisticModel, kwargs)
+        share = algorithm_underflow.added_share(var, model, ball, q, k, v, causal=causal, dtype=dtype, **kwargs)
     return REASSOCIATION_FACTOR * (model.radius(ball) + share), 1.0 - model.failure_probability()
 
 

@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from .arith import rounding_model
+from .arith import RoundingModel
 from .findings import Finding
 from .precision import smallest_normal
 
@@ -52,17 +52,17 @@ def underflow_share(
     causal: bool,
     dtype: Any,
     values: Any,
-    model: Callable[[Any], Any] = rounding_model,
+    model: Callable[[Any], Any] = RoundingModel,
     **kw: Any,
 ) -> Any:
     """max over the variant's other standard algorithms of U_A = R_A(u, eta) - R_A(u, 0) in the model
-    ``model(dtype)`` (``rounding_model`` or a ``ProbabilisticModel``), entrywise, 0 where not finite and
+    ``model(dtype)`` (``RoundingModel`` or ``ProbabilisticModel``), entrywise, 0 where not finite and
     where ``values`` (the definition's float64 result, or its (out, S_N) pair) is not below the dtype's
     smallest normal number, and everywhere for a dtype whose subnormals are not below float32's normal
     range (float16: they start at 6.1e-5, an ordinary output scale); an (out, S_N) pair where the
     algorithms return one (``output_final_state``); 0 without algorithms."""
-    if not var.algorithms_fn:
-        return 0.0
+    if not var.algorithms_for(causal):
+        return _joined([0.0] * len(_parts(values)))
     with_eta, without = (_radii(var, model(dtype), underflow, q, k, v, causal, kw) for underflow in (True, False))
     shares = None
     for parts, parts0 in zip(with_eta, without, strict=True):  # one algorithm's parts, with and without eta
@@ -72,9 +72,20 @@ def underflow_share(
             ]
         shares = share if shares is None else [np.maximum(s, t) for s, t in zip(shares, share, strict=True)]
     assert shares is not None
-    tiny = smallest_normal(dtype) if smallest_normal(dtype) <= smallest_normal("float32") else 0.0
-    shares = [np.where(np.abs(x) < tiny, s, 0.0) for s, x in zip(shares, _parts(values), strict=True)]
-    return tuple(shares) if len(shares) > 1 else shares[0]
+    tiny = smallest_normal(dtype)
+    tiny = tiny if tiny <= smallest_normal("float32") else 0.0
+    return _joined([np.where(np.abs(x) < tiny, s, 0.0) for s, x in zip(shares, _parts(values), strict=True)])
+
+
+def added_share(var: Any, ar: Any, result: Any, q: Any, k: Any, v: Any, *, causal: bool, dtype: Any, **kw: Any) -> Any:
+    """What a rounding bound computed in the model ``ar`` (a ``RoundingModel`` or ``ProbabilisticModel``),
+    whose evaluation of the definition gave ``result``, adds: ``underflow_share`` in the same model
+    where the judgment asks for it (``judged``), else 0."""
+    if not _SHARED.get():
+        return _joined([0.0] * len(_parts(result)))
+    with ar.context():
+        values = tuple(np.asarray(ar.to_float64(p), dtype=np.float64) for p in _parts(result))
+    return underflow_share(var, q, k, v, causal=causal, dtype=dtype, values=_joined(values), model=type(ar), **kw)
 
 
 def _radii(var: Any, ar: Any, underflow: bool, q: Any, k: Any, v: Any, causal: bool, kw: Any) -> list[list[Any]]:
@@ -88,20 +99,21 @@ def _radii(var: Any, ar: Any, underflow: bool, q: Any, k: Any, v: Any, causal: b
 
 
 def _parts(result: Any) -> tuple[Any, ...]:
+    """A result's parts: (out,), or (out, S_N) with ``output_final_state``."""
     return result if isinstance(result, tuple) else (result,)
 
 
-def active() -> bool:
-    """Whether the rounding bounds being computed take the other algorithms' underflow share."""
-    return _SHARED.get()
+def _joined(parts: Any) -> Any:
+    """``_parts``'s inverse."""
+    return tuple(parts) if len(parts) > 1 else parts[0]
 
 
 def judged(var: Any, judge: Callable[[], F]) -> F:
     """``judge()`` against the definition's bounds; where that fails and the variant has other standard
-    algorithms, ``judge()`` once more with their underflow share in every rounding bound (``active``),
+    algorithms, ``judge()`` once more with their underflow share in every rounding bound (``added_share``),
     recorded as ``details["algorithms_underflow"]``."""
     first = judge()
-    if first is None or first.passed or not var.algorithms_fn or _SHARED.get():
+    if first is None or first.passed or not var.algorithms_for(True) or _SHARED.get():
         return first
     token = _SHARED.set(True)
     try:

@@ -458,9 +458,6 @@ def test_trigonometric_favor_in_float32_against_the_linear_form_at_each_chunk_si
     of 16 1.4e-3. With the linear form at 64 alone as the yardstick the builtin failed (1.08 and 1.82);
     at each of ``forms.CHUNK_SIZES`` it passes, and an output 0.1% off still fails."""
     from dataclasses import replace
-    from functools import partial
-
-    from gramcheck.variants.performer import linear_form
 
     ex = _example(name, "float32", kind)
     t = builtin("performer-trig", dtype="float32")
@@ -472,5 +469,5 @@ def test_trigonometric_favor_in_float32_against_the_linear_form_at_each_chunk_si
 
     assert agreement(out).passed
     assert not agreement(np.asarray(out, dtype=np.float64) * 1.001).passed
-    at_64 = replace(t.variant, algorithms_fn=(partial(linear_form, chunk=64),))
+    at_64 = replace(t.variant, causal_algorithms_fn=())
     assert agreement(out, at_64).measured == pytest.approx(before, abs=0.01)

@@ -82,7 +82,7 @@ def definition_gradients(
     fn: Any = None,
 ) -> dict[str, np.ndarray]:
     """Gradients of L = <W, o> (+ <W_S, S_N>) through the variant's definition (or its other standard
-    algorithm ``fn``, one of ``Variant.algorithms_fn``) evaluated in ``dtype``."""
+    algorithm ``fn``, one of ``Variant.algorithms_for``) evaluated in ``dtype``."""
     torch = _torch()
     ar = TorchDefinition(dtype)
     t = {n: ar.asarray(x).requires_grad_(n in names) for n, x in arrays.items()}
@@ -214,7 +214,7 @@ def backward_agreement(target: Target, ex: AttentionInputs, *, causal: bool) -> 
         return None  # the exact gradient is not finite here: outside the domain
     naive = [
         definition_gradients(target, arrays, names, w, ws, causal=causal, dtype=target.dtype, fn=fn)
-        for fn in (None, *target.variant.algorithms_fn)
+        for fn in (None, *target.variant.algorithms_for(causal))
     ]
     terms = gradient_terms(target, arrays, names, w, ws, causal=causal)
     got = target_gradients(target, arrays, names, w, ws, causal=causal)

@@ -89,14 +89,11 @@ def state_bound(
     balls = _reference(target, ex, model, initial_state=s0)
     with model.context():
         radii = [np.asarray(model.radius(b), dtype=np.float64) for b in balls]
-        values = tuple(np.asarray(model.to_float64(b), dtype=np.float64) for b in balls)
-    if algorithm_underflow.active():  # where the definition's bounds failed: the other algorithms' share
-        kw = {**target.params, **ex.extras, "initial_state": s0, "output_final_state": True}
-        share = algorithm_underflow.underflow_share(
-            target.variant, ex.q, ex.k, ex.v, causal=True, dtype=dtype, values=values, **kw
-        )
-        radii = [r + s for r, s in zip(radii, share, strict=True)]
-    out_b, st_b = (REASSOCIATION_FACTOR * r for r in radii)
+    kw = {**target.params, **ex.extras, "initial_state": s0, "output_final_state": True}
+    share = algorithm_underflow.added_share(
+        target.variant, model, balls, ex.q, ex.k, ex.v, causal=True, dtype=dtype, **kw
+    )
+    out_b, st_b = (REASSOCIATION_FACTOR * (r + s) for r, s in zip(radii, share, strict=True))
     return out_b, st_b
 
 

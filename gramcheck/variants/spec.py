@@ -88,8 +88,10 @@ class Variant:
     jacobian_fn: Callable[..., dict[str, float]] | None = field(default=None, repr=False)
     # a certified float64 evaluation cheaper than ball arithmetic: (value, bound) (``enclosure``)
     enclosure_fn: Callable[..., tuple[Any, Any]] | None = field(default=None, repr=False)
-    # other standard algorithms for the same output, signature of reference_fn (``algorithms``)
+    # other standard algorithms for the same output, signature of reference_fn (``algorithms``), and more
+    # that differ from those in the causal mode only (FAVOR+'s linear form at another chunk size)
     algorithms_fn: tuple[Callable[..., Any], ...] = field(default=(), repr=False)
+    causal_algorithms_fn: tuple[Callable[..., Any], ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:
         unknown = set(self.declares) - set(TAGS)
@@ -229,7 +231,12 @@ class Variant:
         the definition in exact arithmetic, e.g. the delta rule's chunked WY / UT solve), in ``arith``, as
         ``reference`` evaluates the definition; [] for most variants. The low-precision rules take the
         least accurate of them and the definition, in the dtype, as their yardstick."""
-        return [self._run(fn, q, k, v, causal, arith, kwargs) for fn in self.algorithms_fn]
+        return [self._run(fn, q, k, v, causal, arith, kwargs) for fn in self.algorithms_for(causal)]
+
+    def algorithms_for(self, causal: bool) -> tuple[Callable[..., Any], ...]:
+        """The other standard algorithms of a mode: ``algorithms_fn``, and ``causal_algorithms_fn`` when
+        causal (without the mask they compute what ``algorithms_fn`` does)."""
+        return self.algorithms_fn + (self.causal_algorithms_fn if causal else ())
 
     def _run(
         self, fn: Callable[..., Any], q: Any, k: Any, v: Any, causal: bool, arith: Any, kwargs: Mapping[str, Any]
