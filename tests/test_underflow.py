@@ -185,3 +185,33 @@ def test_the_underflow_share_is_the_algorithms_charges_of_eta():
     assert np.any(err > definition)
     assert np.all(err <= definition + 2 * out_share)
     assert out_share[..., :4, :].max() == 0 < out_share[..., 4:, :].max()
+
+
+def test_the_underflow_share_on_a_two_token_decay_is_within_ten_times_the_error():
+    """How tight the share is: Gated DeltaNet, N = 2, d = 1, q = k = 1, v = 0, beta = 0, decays e^-47.4 and
+    e^-53.0 from S_0 = 472 (the worst of 300 such draws). The output S_0 e^-100.3 is a float32 subnormal;
+    the definition multiplies S_0 by each decay (normal values) and the chunked algorithm forms the
+    cumulative decay, a subnormal, first, so in float32 it errs 2.7e-43, 48 times the definition's R
+    and 0.098 of R + U_A. The rest of U_A is the model's eta on every product of an accumulation, zeros
+    of the chunk's padding included (proofs/fp-forward-error.md, "Other algorithms' underflow"); a share
+    twice as loose fails this test."""
+    from gramcheck.algorithm_underflow import underflow_share
+    from gramcheck.arith import RoundedArith
+    from gramcheck.variants.deltanet import chunked_reference
+
+    t = builtin("gated-deltanet", dtype="float32")
+    var = t.variant
+    q = k = np.ones((1, 1, 2, 1))
+    v, beta = np.zeros((1, 1, 2, 1)), np.zeros((1, 1, 2))
+    g = np.array([float.fromhex("-0x1.7ae56ap+5"), float.fromhex("-0x1.a79c2cp+5")]).reshape(1, 1, 2)
+    s0 = np.full((1, 1, 1, 1), float.fromhex("0x1.d85f26p+8"))
+    extras = {**t.params, "beta": beta, "g": g, "initial_state": s0}
+    exact = var.reference(q, k, v, causal=True, **extras)
+    ar = RoundedArith("float32")
+    with np.errstate(all="ignore"):
+        naive = ar.stored(var._run(chunked_reference, q, k, v, True, ar, extras))
+    err = np.abs(naive - exact)[..., 1, 0]
+    r_def = A.rounding_bound(var, q, k, v, causal=True, dtype="float32", **extras)[..., 1, 0] / A.REASSOCIATION_FACTOR
+    share = underflow_share(var, q, k, v, causal=True, dtype="float32", values=exact, **extras)[..., 1, 0]
+    assert np.all(err > 10 * r_def)
+    assert np.all(err <= r_def + share) and np.all(err >= 0.05 * (r_def + share))
