@@ -46,7 +46,7 @@ import numpy as np
 from . import algorithm_underflow
 from . import variants as _variants
 from .arith import ProbabilisticModel, RoundedArith, rounding_model
-from .findings import Finding
+from .findings import Finding, error_ratios
 from .oracle import truth, truth_given
 from .precision import dtype_name, unit_roundoff
 
@@ -337,6 +337,7 @@ def _check_agreement(
             t = truth(var, q, k, v, causal=causal, digits=None, atol=atol, **kwargs)
         else:  # the separate truth only for the entries the model's certificate does not meet
             t = truth_given(var, q, k, v, model.certificate, causal=causal, digits=None, atol=atol, **kwargs)
+        t = t.exact_where((model.bound == 0) & np.isfinite(approx), approx)  # a zero radius: exact
         judged = _judge(name, out, v, t, bound, pbound, probability, naive, u, dtype, noise)
         if not judged.rule_open:
             break
@@ -382,9 +383,7 @@ def _judge(
     for rule, mask, b in (("worst-case", wc, bound), ("probabilistic", pr, pbound)):
         if not mask.any():
             continue
-        with np.errstate(divide="ignore", invalid="ignore"):
-            r = np.where(mask, err / b, 0.0)
-        r = np.where(np.isnan(r), np.inf, r)
+        r = np.where(mask, error_ratios(err, b), 0.0)
         idx = np.unravel_index(int(np.argmax(r)), r.shape)
         ratios[rule] = float(r[idx])
         if float(r[idx]) > measured or worst_at is None:

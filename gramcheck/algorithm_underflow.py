@@ -3,7 +3,7 @@ algorithms' underflow").
 
 A production form may evaluate another standard algorithm than the definition (the chunked delta rule,
 FAVOR+'s linear form), and where that algorithm's intermediates fall into the subnormals it errs by
-absolute amounts, eta per operation times the coefficients that carry the error to the output, that the
+absolute amounts, up to eta / 2 per subnormal result times the coefficients that carry it to the output, that the
 definition's rounding model does not see (Gated DeltaNet's chunked algorithm forms a cumulative decay of
 e^-103 and multiplies it by a state 190 times its updates). The underflow share of algorithm A is
 
@@ -12,14 +12,13 @@ e^-103 and multiplies it by a state 190 times its updates). The underflow share 
 its rounding-model radius with the dtype's underflow unit less the same radius without it: every term
 an underflow contributed, and nothing of A's relative rounding, which can be vacuous (the chunked delta
 rule's triangular solve in bfloat16) and must not loosen the definition's bounds. A rounding bound
-becomes C (R_def + max_A U_A), an infinite or undefined U_A counting 0 (it proves nothing), and U_A
-counts only at entries whose value is a subnormal of a dtype whose subnormals lie below float32's normal
-range (float32, bfloat16). The model charges n eta to every accumulation of n products, zeros
-included, and carries it through the algorithm's coefficients, so U_A is many times eta (77-267 eta at
-ordinary float16 outputs, 5e4 at a bfloat16 entry by the underflow): at a normal output, or at float16's
-subnormals (6e-8 to 6.1e-5, ordinary values), that passed outputs 2-18% off. At a subnormal of float32's
-range every algorithm's result is decided by its underflows, kernels that flush set it to 0, and where
-U_A reaches the magnitude of the entry's (batch, head) slice the worst-case bound no longer judges it.
+becomes C (R_def + max_A U_A), an infinite or undefined U_A counting 0 (it proves nothing). The model
+charges eta / 2 only to a result that may be a nonzero subnormal and to each nonzero product of an inner
+product (``arith.BallArith._underflow``), so U_A is 0 wherever no intermediate of A can underflow. It
+is not charged in float16, whose kernels accumulate in float32 (fla, performer-pytorch under autocast,
+torch's and cuBLAS's half-precision GEMMs), so that float16's subnormals (6e-8 to 6.1e-5, ordinary
+values) arise only where a result is stored: the other algorithms' float16 intermediates are roundings
+production kernels do not make, and charging them passed wrong float16 outputs.
 
 The definition's bounds judge first; the share is computed only for a judgment that fails with them
 (``judged``), so a correct output that the definition's bounds already pass costs nothing more, and only
@@ -51,18 +50,18 @@ def underflow_share(
     *,
     causal: bool,
     dtype: Any,
-    values: Any,
+    like: Any,
     model: Callable[[Any], Any] = RoundingModel,
     **kw: Any,
 ) -> Any:
     """max over the variant's other standard algorithms of U_A = R_A(u, eta) - R_A(u, 0) in the model
-    ``model(dtype)`` (``RoundingModel`` or ``ProbabilisticModel``), entrywise, 0 where not finite and
-    where ``values`` (the definition's float64 result, or its (out, S_N) pair) is not below the dtype's
-    smallest normal number, and everywhere for a dtype whose subnormals are not below float32's normal
-    range (float16: they start at 6.1e-5, an ordinary output scale); an (out, S_N) pair where the
-    algorithms return one (``output_final_state``); 0 without algorithms."""
-    if not var.algorithms_for(causal):
-        return _joined([0.0] * len(_parts(values)))
+    ``model(dtype)`` (``RoundingModel`` or ``ProbabilisticModel``), entrywise, 0 where not finite, and
+    everywhere for a dtype whose subnormals are not below float32's normal range (float16: its kernels
+    accumulate in float32); shaped as ``like`` (the definition's result, or its (out, S_N) pair where the
+    algorithms return one: ``output_final_state``), and 0 without algorithms."""
+    zeros = _joined([np.zeros(np.shape(x)) for x in _parts(like)])
+    if not var.algorithms_for(causal) or smallest_normal(dtype) > smallest_normal("float32"):
+        return zeros
     with_eta, without = (_radii(var, model(dtype), underflow, q, k, v, causal, kw) for underflow in (True, False))
     shares = None
     for parts, parts0 in zip(with_eta, without, strict=True):  # one algorithm's parts, with and without eta
@@ -72,9 +71,7 @@ def underflow_share(
             ]
         shares = share if shares is None else [np.maximum(s, t) for s, t in zip(shares, share, strict=True)]
     assert shares is not None
-    tiny = smallest_normal(dtype)
-    tiny = tiny if tiny <= smallest_normal("float32") else 0.0
-    return _joined([np.where(np.abs(x) < tiny, s, 0.0) for s, x in zip(shares, _parts(values), strict=True)])
+    return _joined(shares)
 
 
 def added_share(var: Any, ar: Any, result: Any, q: Any, k: Any, v: Any, *, causal: bool, dtype: Any, **kw: Any) -> Any:
@@ -83,9 +80,8 @@ def added_share(var: Any, ar: Any, result: Any, q: Any, k: Any, v: Any, *, causa
     where the judgment asks for it (``judged``), else 0."""
     if not _SHARED.get():
         return _joined([0.0] * len(_parts(result)))
-    with ar.context():
-        values = tuple(np.asarray(ar.to_float64(p), dtype=np.float64) for p in _parts(result))
-    return underflow_share(var, q, k, v, causal=causal, dtype=dtype, values=_joined(values), model=type(ar), **kw)
+    like = _joined([np.zeros(np.shape(p.mid)) for p in _parts(result)])
+    return underflow_share(var, q, k, v, causal=causal, dtype=dtype, like=like, model=type(ar), **kw)
 
 
 def _radii(var: Any, ar: Any, underflow: bool, q: Any, k: Any, v: Any, causal: bool, kw: Any) -> list[list[Any]]:

@@ -9,10 +9,12 @@
 
 Reference code uses the operators ``+ - * /`` (with arrays of the arithmetic or exact Python scalars) and
 the methods below; nothing else. Ball rules follow Rump's midpoint-radius arithmetic with the standard
-model fl(x op y) = (x op y)(1 + delta) + eta, |delta| <= u, |eta| <= eta_min (the underflow unit);
-library functions (exp, log, sin, cos) are trusted to 1 ulp (2u relative). Every radius is computed in
-the same arithmetic and then inflated by (1 + 2ku) for a k-operation formula, which covers the rounding
-of the radius computation itself (all its terms are non-negative). Derivations: proofs/ball-arithmetic.md.
+model fl(x op y) = (x op y)(1 + delta) + e, |delta| <= u, |e| <= eta / 2 (eta the smallest subnormal) and
+e = 0 unless the exact result is a nonzero subnormal (sums whose result is subnormal are exact);
+library functions (exp, log, sin, cos) are trusted to 1 ulp (2u relative, eta where subnormal). Every
+radius is computed in the same arithmetic and then inflated by (1 + 2ku) for a k-operation formula, which
+covers the rounding of the radius computation itself (all its terms are non-negative). Derivations:
+proofs/ball-arithmetic.md.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ Array = Any  # an ndarray (float64 or object of mpf) or a Ball
 class _F64Backend:
     name = "float64"
     u = math.ldexp(1.0, -53)
-    eta = math.ldexp(1.0, -1074)  # smallest subnormal: absolute error of an underflowing product
+    eta = math.ldexp(1.0, -1074)  # smallest subnormal: the spacing of the numbers below ``tiny``
+    tiny = math.ldexp(1.0, -1022)  # smallest normal: a result at or above it does not underflow
     prec = 53
 
     exp = staticmethod(np.exp)
@@ -87,6 +90,7 @@ class _MPBackend:
         self.prec = int(prec)
         self.u = mpmath.mpf(2) ** (-self.prec)
         self.eta = 0  # mpmath's exponent range is unbounded: no underflow
+        self.tiny = 0
         self.name = f"mpmath[{self.prec}]"
 
     exp = staticmethod(_ufunc(mpmath.exp))
@@ -403,9 +407,33 @@ class BallArith(Arith):
         (``algorithm_underflow``)."""
         self._eta = 0.0
 
-    def _rnd(self, y: Any, ulps: int = 1) -> Any:
-        """Rounding error of one operation whose computed result is y: ulps * u * |y| + eta."""
-        return ulps * self.b.u * np.abs(y) + self._eta
+    def _rnd(self, y: Any, ulps: int = 1, carried: Any = 0.0, nonzero: Any = True) -> Any:
+        """Rounding error of one operation whose result is y, the exact result on the computed operands
+        within ``carried`` of it and possibly nonzero where ``nonzero``: ulps * u * |y|, plus ulps * eta / 2
+        where that result may be a nonzero number below the smallest normal (``_underflow``)."""
+        return ulps * self.b.u * np.abs(y) + self._underflow(y, carried, ulps, nonzero)
+
+    def _underflow(self, y: Any, carried: Any = 0.0, ulps: int = 1, nonzero: Any = True) -> Any:
+        """ulps * eta / 2 where |y| - carried may be below the smallest normal and the exact result may be
+        nonzero (``nonzero``: decided by the operands, since a midpoint of 0 may be the backend's own
+        underflow), else 0: a correctly rounded result in the subnormal range errs by at most eta / 2, one
+        that is normal, or an exact zero, has no underflow error (proofs/fp-forward-error.md, "Underflow")."""
+        if not self._eta:
+            return 0.0
+        may = ((np.abs(y) - carried) * (1 - 2.0**-50) < self.b.tiny) & nonzero
+        return np.where(may, self._halves_of_eta(ulps), 0.0)
+
+    def _halves_of_eta(self, count: Any) -> Any:
+        """count * eta / 2, rounded up: exact where eta / 2 is a normal float64 number (every modelled
+        format); eta * ceil(count / 2) in float64's own range, where eta / 2 is not a float64 number."""
+        if 0.5 * self._eta >= 2.0**-1022:
+            return 0.5 * self._eta * count
+        return self._eta * np.ceil(0.5 * np.asarray(count, dtype=np.float64))
+
+    @staticmethod
+    def _nonzero(x: Ball) -> Any:
+        """Where the ball of x is not the exact zero."""
+        return (x.mid != 0) | (x.rad != 0)
 
     # conversion --------------------------------------------------------------------------------
     def asarray(self, x: Any) -> Ball:
@@ -445,14 +473,15 @@ class BallArith(Arith):
     def _mul(self, a: Ball, b: Ball) -> Ball:
         y = a.mid * b.mid
         if a.exact and b.exact:  # the radius terms of exact operands are exact zeros (as in matmul)
-            r = self._rnd(y)
+            r = 0.0
         elif b.exact:
-            r = a.rad * np.abs(b.mid) + self._rnd(y)
+            r = a.rad * np.abs(b.mid)
         elif a.exact:
-            r = np.abs(a.mid) * b.rad + self._rnd(y)
+            r = np.abs(a.mid) * b.rad
         else:
-            r = np.abs(a.mid) * b.rad + a.rad * np.abs(b.mid) + a.rad * b.rad + self._rnd(y)
-        return Ball(self, y, self._inflate(r, 6))
+            r = np.abs(a.mid) * b.rad + a.rad * np.abs(b.mid) + a.rad * b.rad
+        nonzero = self._nonzero(a) & self._nonzero(b)
+        return Ball(self, y, self._inflate(r + self._rnd(y, carried=r, nonzero=nonzero), 6))
 
     def _div(self, a: Ball, b: Ball) -> Ball:
         y = self.b.div(a.mid, b.mid)
@@ -460,7 +489,8 @@ class BallArith(Arith):
         gap = ab - b.rad
         safe = _gt(gap, 0)
         gap_s = np.where(safe, gap, 1)
-        r = (a.rad + np.abs(y) * (1 + self.b.u) * b.rad) / gap_s + self._rnd(y)
+        r = (a.rad + np.abs(y) * (1 + self.b.u) * b.rad) / gap_s
+        r = r + self._rnd(y, carried=r, nonzero=self._nonzero(a))
         r = np.where(safe, r, self.b.scalar(math.inf))
         return Ball(self, y, self._inflate(r, 6))
 
@@ -470,14 +500,16 @@ class BallArith(Arith):
     # elementwise -------------------------------------------------------------------------------
     def exp(self, x: Ball) -> Ball:
         y = self.b.exp(x.mid)
-        r = np.abs(y) * (self.b.expm1(x.rad) + 2 * self.b.u) * (1 + 2 * self.b.u) + self._eta
+        carried = np.abs(y) * self.b.expm1(x.rad) * (1 + 2 * self.b.u)
+        r = carried + np.abs(y) * 2 * self.b.u * (1 + 2 * self.b.u) + self._underflow(y, carried, 2)
         return Ball(self, y, self._inflate(r, 4))
 
     def log(self, x: Ball) -> Ball:
         y = self.b.log(x.mid)
         safe = _gt(x.mid - x.rad, 0)
         ratio = np.where(safe, x.rad / np.where(safe, x.mid, 1), 0)
-        r = -self.b.log1p(-ratio) + 2 * self.b.u * np.abs(y) + self._eta
+        carried = -self.b.log1p(-ratio)
+        r = carried + self._rnd(y, 2, carried)
         r = np.where(safe, r, self.b.scalar(math.inf))
         return Ball(self, y, self._inflate(r, 4))
 
@@ -488,16 +520,17 @@ class BallArith(Arith):
         lo_s = np.where(pos, lo, 0)
         r_pos = x.rad / (self.b.sqrt(lo_s) + np.where(pos, y, 1))
         r_neg = self.b.sqrt(np.abs(x.mid) + x.rad)  # [0, mid + rad] covered by y +- sqrt(mid + rad)
-        r = np.where(pos, r_pos, r_neg) + self._rnd(y)
+        r = np.where(pos, r_pos, r_neg)
+        r = r + self._rnd(y, carried=r, nonzero=self._nonzero(x))
         return Ball(self, y, self._inflate(r, 4))
 
     def sin(self, x: Ball) -> Ball:
         y = self.b.sin(x.mid)
-        return Ball(self, y, self._inflate(x.rad + self._rnd(y, 2), 2))
+        return Ball(self, y, self._inflate(x.rad + self._rnd(y, 2, x.rad, self._nonzero(x)), 2))
 
     def cos(self, x: Ball) -> Ball:
         y = self.b.cos(x.mid)
-        return Ball(self, y, self._inflate(x.rad + self._rnd(y, 2), 2))
+        return Ball(self, y, self._inflate(x.rad + self._rnd(y, 2, x.rad), 2))
 
     def abs(self, x: Ball) -> Ball:
         return Ball(self, np.abs(x.mid), x.rad)
@@ -571,10 +604,10 @@ class BallArith(Arith):
         return Ball(self, y, self._inflate(r, n + 2))
 
     def matmul(self, a: Any, b: Any) -> Ball:
-        """Radius |a| rad_b + rad_a (|b| + rad_b) + gamma_n |a| |b| + n eta, computed as
-        (gamma_n |a| + rad_a) |b| + (|a| + rad_a) rad_b: two radius products, one when b is exact
-        (four before: proofs/ball-arithmetic.md); every term is non-negative, and the inflation by
-        (1 + 2 (n + 6) u) covers the n + 4 roundings on the longest path plus gamma_n's own."""
+        """Radius |a| rad_b + rad_a (|b| + rad_b) + gamma_n |a| |b| + nz eta / 2 (``_underflowing_products``),
+        computed as (gamma_n |a| + rad_a) |b| + (|a| + rad_a) rad_b + nz eta / 2: two radius products, one
+        when b is exact (four before: proofs/ball-arithmetic.md); every term is non-negative, and the
+        inflation by (1 + 2 (n + 6) u) covers the n + 4 roundings on the longest path plus gamma_n's own."""
         a, b = self._lift(a), self._lift(b)
         n = np.shape(a.mid)[-1]
         y = np.matmul(a.mid, b.mid)
@@ -584,7 +617,19 @@ class BallArith(Arith):
         r = np.matmul(left if a_exact else left + a.rad, ab)
         if not self._exact(b):
             r = r + np.matmul(aa if a_exact else aa + a.rad, b.rad)
-        return Ball(self, y, self._inflate(r + n * self._eta, n + 6))
+        return Ball(self, y, self._inflate(r + self._underflowing_products(a, b, n), n + 6))
+
+    def _underflowing_products(self, a: Ball, b: Ball, n: int) -> Any:
+        """eta / 2 for each product a_il b_lj that may be nonzero: the most underflow can add to an inner
+        product, whether each product is rounded (a subnormal product errs by at most eta / 2, and a sum
+        whose result is subnormal is exact) or fused into the sum (a subnormal partial sum errs by at most
+        eta / 2, and a zero product leaves the sum unchanged); proofs/fp-forward-error.md, "Underflow"."""
+        if not self._eta:
+            return 0.0
+        nz_a, nz_b = self._nonzero(a), self._nonzero(b)
+        if nz_a.all() and nz_b.all():
+            return self._halves_of_eta(n)
+        return self._halves_of_eta(np.matmul(nz_a.astype(np.float64), nz_b.astype(np.float64)))
 
 
 class _ModelBackend(_F64Backend):
@@ -592,10 +637,11 @@ class _ModelBackend(_F64Backend):
     over it bounds, to first order, the rounding error of the same formula evaluated in that format."""
 
     def __init__(self, dtype: Any):
-        from .precision import dtype_name, underflow_unit, unit_roundoff
+        from .precision import dtype_name, smallest_normal, underflow_unit, unit_roundoff
 
         self.u = unit_roundoff(dtype) + math.ldexp(1.0, -53)
         self.eta = underflow_unit(dtype)
+        self.tiny = smallest_normal(dtype)
         self.name = f"model-{dtype_name(dtype)}"
 
 
@@ -605,11 +651,12 @@ class RoundingModel(BallArith):
 
     Its midpoints are the float64 evaluation of the formula, and its radii, scaled by ``float64_scale``
     (the least power of two lambda >= 2^-53 / u' with 2^-1074 <= lambda eta'), bound that evaluation's
-    error from the exact value: every radius rule is r = P(input radii) + c u |y| + eta with P(lambda r)
-    <= lambda P(r) for lambda <= 1, so by induction the float64 ball's radii stay below lambda times this
-    one's (proofs/ball-arithmetic.md, "One pass for the rounding bound and the truth"). Two rules break
-    the induction: a branch (``where_pos``) whose ball straddles the branch point with different branch
-    values, and a square root whose ball reaches 0; ``scales`` turns False where either occurred, and
+    error from the exact value: every radius rule is r = P(input radii) + c u |y| + (k eta / 2 where
+    subnormal) with P(lambda r) <= lambda P(r) for lambda <= 1, so by induction the float64 ball's radii
+    stay below lambda times this one's (proofs/ball-arithmetic.md, "One pass for the rounding bound and
+    the truth"). Two rules break the induction: a branch (``where_pos``) whose ball straddles the branch
+    point with different branch values, and a square root whose ball reaches 0; ``scales`` turns False
+    where either occurred, and
     ``float64_certificate`` then returns None."""
 
     def __init__(self, dtype: Any):
@@ -645,7 +692,7 @@ class RoundingModel(BallArith):
             return None
         value = self.to_float64(x)
         bound = np.ldexp(self.radius(x), int(math.log2(self.float64_scale)))
-        bound = np.where(bound < 2.0**-1022, np.nextafter(bound, np.inf), bound)  # subnormal: rounded
+        bound = np.where((bound > 0) & (bound < 2.0**-1022), np.nextafter(bound, np.inf), bound)  # subnormal: rounded
         return value, np.where(np.isfinite(value), bound, np.inf)
 
 

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
+
 # sampled: checked on drawn inputs against a worst-case bound; proved: a statement about the checked
 # object itself; enclosed: certified by ball arithmetic; probabilistic: a bound that holds with a stated
 # probability under the probabilistic rounding model (proofs/probabilistic-rounding.md)
@@ -25,6 +27,16 @@ SENSES: dict[str, Callable[[float, float], bool]] = {
     ">": operator.gt,
 }
 VERDICTS = ("pass", "fail", "skipped")
+
+
+def error_ratios(err: Any, bound: Any) -> np.ndarray:
+    """err / bound entrywise (float64, bound broadcast to err's shape): 0 where the error is 0, a zero
+    bound included (an exact entry computed exactly), inf where the error is NaN or exceeds a zero bound."""
+    err = np.asarray(err, dtype=np.float64)
+    bound = np.broadcast_to(np.asarray(bound, dtype=np.float64), err.shape)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = np.where(err == 0, 0.0, err / bound)
+    return np.where(np.isnan(r), np.inf, r)
 
 
 @dataclass

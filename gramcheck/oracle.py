@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -49,6 +49,20 @@ class Truth:
     @property
     def escalated(self) -> bool:
         return self.arithmetic not in ("float64", COARSE_F64.name)
+
+    def exact_where(self, mask: np.ndarray, value: np.ndarray) -> Truth:
+        """This truth with ``value`` and a bound of 0 where ``mask``: entries a ball evaluation of the same
+        formula certified exactly (radius 0: every operation on the way was exact, so its float64 midpoint
+        is the exact value; proofs/ball-arithmetic.md), which an enclosure charging eta everywhere (the
+        coarse balls, the delta rule's) leaves a few subnormals wide."""
+        if not np.any(mask):
+            return self
+        return replace(
+            self,
+            value=np.where(mask, value, self.value),
+            bound=np.where(mask, 0.0, self.bound),
+            undefined=self.undefined & ~mask,
+        )
 
 
 def _tolerance(value: np.ndarray, digits: float | None, atol: Any) -> np.ndarray:

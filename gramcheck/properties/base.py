@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from ..agreement import rounding_bound
-from ..findings import Finding
+from ..findings import Finding, error_ratios
 from ..strategies import KINDS, AttentionInputs
 from ..targets import Target, TargetError
 from ..variants.spec import Variant
@@ -77,9 +77,7 @@ def ratio_finding(
     """Finding with measured = max_i err_i / bound_i (inf where err is NaN or the bound is 0 < err)."""
     err = np.asarray(err, dtype=np.float64)
     bound = np.broadcast_to(np.asarray(bound, dtype=np.float64), err.shape)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        r = np.where(err == 0, 0.0, err / bound)
-    r = np.where(np.isnan(r), np.inf, r)
+    r = error_ratios(err, bound)
     # an infinite bound (the rounding model says the definition cannot be computed in this dtype there:
     # features underflowing to 0/0) judges nothing: such entries are counted, as agreement counts them
     uncertifiable = np.isinf(bound) & (bound > 0)

@@ -30,7 +30,7 @@ from ..agreement import (
     slice_magnitude,
 )
 from ..arith import BALL_F64, F64, BallMP, RoundedArith, rounding_model
-from ..findings import Finding
+from ..findings import Finding, error_ratios
 from ..forms import CHUNK_SIZES
 from ..precision import round_to, unit_roundoff
 from ..strategies import AttentionInputs
@@ -176,9 +176,7 @@ def parts_finding(
         err, bound = value
         err = np.asarray(err, dtype=np.float64)
         bound = np.broadcast_to(np.asarray(bound, dtype=np.float64), err.shape)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            r = np.where(err == 0, 0.0, err / bound)
-        r = np.where(np.isnan(r), np.inf, r)
+        r = error_ratios(err, bound)
         if not r.size:
             continue
         i = np.unravel_index(int(np.argmax(r)), r.shape)
