@@ -391,6 +391,7 @@ class BallArith(Arith):
         super().__init__(backend)
         self.name = f"ball-{backend.name}"
         self._eta = backend.eta
+        self._tiny = getattr(backend, "tiny", 0.0) * (1 + 2.0**-49)  # results below it may underflow
 
     # helpers -----------------------------------------------------------------------------------
     def _lift(self, x: Any) -> Ball:
@@ -407,21 +408,29 @@ class BallArith(Arith):
         (``algorithm_underflow``)."""
         self._eta = 0.0
 
-    def _rnd(self, y: Any, ulps: int = 1, carried: Any = 0.0, nonzero: Any = True) -> Any:
+    def _rnd(self, y: Any, ulps: int = 1, carried: Any = 0.0, operands: Sequence[Ball] = ()) -> Any:
         """Rounding error of one operation whose result is y, the exact result on the computed operands
-        within ``carried`` of it and possibly nonzero where ``nonzero``: ulps * u * |y|, plus ulps * eta / 2
-        where that result may be a nonzero number below the smallest normal (``_underflow``)."""
-        return ulps * self.b.u * np.abs(y) + self._underflow(y, carried, ulps, nonzero)
+        within ``carried`` of it, and an exact zero where one of ``operands`` is: ulps * u * |y|, plus
+        ulps * eta / 2 where that result may be a nonzero number below the smallest normal (``_underflow``)."""
+        a = np.abs(y)
+        return ulps * self.b.u * a + self._underflow(a, carried, ulps, operands)
 
-    def _underflow(self, y: Any, carried: Any = 0.0, ulps: int = 1, nonzero: Any = True) -> Any:
-        """ulps * eta / 2 where |y| - carried may be below the smallest normal and the exact result may be
-        nonzero (``nonzero``: decided by the operands, since a midpoint of 0 may be the backend's own
-        underflow), else 0: a correctly rounded result in the subnormal range errs by at most eta / 2, one
-        that is normal, or an exact zero, has no underflow error (proofs/fp-forward-error.md, "Underflow")."""
+    def _underflow(self, a: Any, carried: Any = 0.0, ulps: int = 1, operands: Sequence[Ball] = ()) -> Any:
+        """ulps * eta / 2 where |y| = ``a``, less ``carried``, may be below the smallest normal and the exact
+        result may be nonzero (no operand in ``operands`` the exact zero: decided by the operands, since a
+        midpoint of 0 may be the backend's own underflow), else 0: a correctly rounded result in the
+        subnormal range errs by at most eta / 2, one that is normal, or an exact zero, has no underflow
+        error (proofs/fp-forward-error.md, "Underflow"). The threshold is raised by 2^-49 relatively for the
+        midpoint's own rounding."""
         if not self._eta:
             return 0.0
-        may = ((np.abs(y) - carried) * (1 - 2.0**-50) < self.b.tiny) & nonzero
-        return np.where(may, self._halves_of_eta(ulps), 0.0)
+        lowest = a if np.isscalar(carried) and carried == 0 else a - carried
+        if np.min(lowest, initial=np.inf) >= self._tiny:
+            return 0.0
+        may = lowest < self._tiny
+        for x in operands:
+            may &= self._nonzero(x)
+        return may * self._halves_of_eta(ulps)
 
     def _halves_of_eta(self, count: Any) -> Any:
         """count * eta / 2, rounded up: exact where eta / 2 is a normal float64 number (every modelled
@@ -430,10 +439,9 @@ class BallArith(Arith):
             return 0.5 * self._eta * count
         return self._eta * np.ceil(0.5 * np.asarray(count, dtype=np.float64))
 
-    @staticmethod
-    def _nonzero(x: Ball) -> Any:
+    def _nonzero(self, x: Ball) -> Any:
         """Where the ball of x is not the exact zero."""
-        return (x.mid != 0) | (x.rad != 0)
+        return x.mid != 0 if self._exact(x) else (x.mid != 0) | (x.rad != 0)
 
     # conversion --------------------------------------------------------------------------------
     def asarray(self, x: Any) -> Ball:
@@ -480,8 +488,7 @@ class BallArith(Arith):
             r = np.abs(a.mid) * b.rad
         else:
             r = np.abs(a.mid) * b.rad + a.rad * np.abs(b.mid) + a.rad * b.rad
-        nonzero = self._nonzero(a) & self._nonzero(b)
-        return Ball(self, y, self._inflate(r + self._rnd(y, carried=r, nonzero=nonzero), 6))
+        return Ball(self, y, self._inflate(r + self._rnd(y, carried=r, operands=(a, b)), 6))
 
     def _div(self, a: Ball, b: Ball) -> Ball:
         y = self.b.div(a.mid, b.mid)
@@ -490,7 +497,7 @@ class BallArith(Arith):
         safe = _gt(gap, 0)
         gap_s = np.where(safe, gap, 1)
         r = (a.rad + np.abs(y) * (1 + self.b.u) * b.rad) / gap_s
-        r = r + self._rnd(y, carried=r, nonzero=self._nonzero(a))
+        r = r + self._rnd(y, carried=r, operands=(a,))
         r = np.where(safe, r, self.b.scalar(math.inf))
         return Ball(self, y, self._inflate(r, 6))
 
@@ -500,8 +507,9 @@ class BallArith(Arith):
     # elementwise -------------------------------------------------------------------------------
     def exp(self, x: Ball) -> Ball:
         y = self.b.exp(x.mid)
-        carried = np.abs(y) * self.b.expm1(x.rad) * (1 + 2 * self.b.u)
-        r = carried + np.abs(y) * 2 * self.b.u * (1 + 2 * self.b.u) + self._underflow(y, carried, 2)
+        a = np.abs(y)
+        carried = a * self.b.expm1(x.rad) * (1 + 2 * self.b.u)
+        r = carried + a * 2 * self.b.u * (1 + 2 * self.b.u) + self._underflow(a, carried, 2)
         return Ball(self, y, self._inflate(r, 4))
 
     def log(self, x: Ball) -> Ball:
@@ -521,12 +529,12 @@ class BallArith(Arith):
         r_pos = x.rad / (self.b.sqrt(lo_s) + np.where(pos, y, 1))
         r_neg = self.b.sqrt(np.abs(x.mid) + x.rad)  # [0, mid + rad] covered by y +- sqrt(mid + rad)
         r = np.where(pos, r_pos, r_neg)
-        r = r + self._rnd(y, carried=r, nonzero=self._nonzero(x))
+        r = r + self._rnd(y, carried=r, operands=(x,))
         return Ball(self, y, self._inflate(r, 4))
 
     def sin(self, x: Ball) -> Ball:
         y = self.b.sin(x.mid)
-        return Ball(self, y, self._inflate(x.rad + self._rnd(y, 2, x.rad, self._nonzero(x)), 2))
+        return Ball(self, y, self._inflate(x.rad + self._rnd(y, 2, x.rad, (x,)), 2))
 
     def cos(self, x: Ball) -> Ball:
         y = self.b.cos(x.mid)
@@ -626,9 +634,14 @@ class BallArith(Arith):
         eta / 2, and a zero product leaves the sum unchanged); proofs/fp-forward-error.md, "Underflow"."""
         if not self._eta:
             return 0.0
-        nz_a, nz_b = self._nonzero(a), self._nonzero(b)
-        if nz_a.all() and nz_b.all():
+        full_a, full_b = bool(np.all(a.mid)), bool(np.all(b.mid))  # no midpoint 0: no operand exactly zero
+        if full_a and full_b:
             return self._halves_of_eta(n)
+        if full_b:  # the count of a row's nonzero entries (a causal mask's: the tokens it reads)
+            return self._halves_of_eta(np.sum(self._nonzero(a), axis=-1, keepdims=True, dtype=np.float64))
+        if full_a:
+            return self._halves_of_eta(np.sum(self._nonzero(b), axis=-2, keepdims=True, dtype=np.float64))
+        nz_a, nz_b = self._nonzero(a), self._nonzero(b)
         return self._halves_of_eta(np.matmul(nz_a.astype(np.float64), nz_b.astype(np.float64)))
 
 
