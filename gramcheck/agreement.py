@@ -31,7 +31,9 @@ finite, are counted in ``noise_entries`` (and ``unbounded_entries``) and not jud
 whose transitions contract
 (``contracting-transitions``: there the rounding model's radii wrap, and a large radius is not evidence
 of cancellation). Entries none of these can judge are counted as ``unbounded_entries``.
-``details["judged_by"]`` says how many entries each rule judged.
+``details["judged_by"]`` says how many entries each rule judged; a Finding that judged no inexact entry
+(every entry exact, at the noise floor or unbounded: bfloat16 outputs a few subnormal units from 0) passes
+and says so in ``details["unjudged"]``, which a check's note carries.
 """
 
 from __future__ import annotations
@@ -457,6 +459,10 @@ def _judge(
             "worst_index": list(worst_at) if worst_at is not None else None,
         }
     )
+    informative = int((wc & (bound > 0)).sum()) + int((pr & (pbound > 0)).sum()) + lp_count
+    if unbounded and not informative:  # only exact entries, or none, were judged: the pass says nothing
+        details["unjudged"] = ["output"]
+        details["note"] = f"no inexact entry judged ({unbounded} at the dtype's noise floor or unbounded)"
     if worst_at is not None:
         b_worst = {"worst-case": bound, "probabilistic": pbound}.get(worst_rule)
         details["worst_error"] = float(err[worst_at])

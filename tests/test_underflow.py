@@ -299,3 +299,26 @@ def test_an_exact_zero_output_of_the_delta_rule_passes_against_its_enclosure():
     out[0, 0, 0, 0] = 2.0**-149
     bad = A.check_agreement("agreement", out, t.variant, q, k, v, causal=True, dtype="float32", **kw)
     assert not bad.passed and bad.measured == np.inf, bad
+
+
+def test_an_agreement_that_judged_no_inexact_entry_says_so():
+    """Gated DeltaNet in bfloat16 with v ~ 2^-133 (bfloat16's smallest subnormal) and q_0 = 0 (a hostile
+    review's case): every output is within a few subnormal units of 0, 120 of 128 entries are at the noise
+    floor and the other 8 are exact (bound 0). Any output that is exact there passes, zeros included; the
+    Finding says it judged no inexact entry (``details["unjudged"]``), which the check's note carries. At
+    ordinary magnitudes the same Finding has no such mark."""
+    from gramcheck.precision import round_to
+    from gramcheck.variants.deltanet import draw_beta
+
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, 1, 16, 8)) for _ in range(3))
+    q[..., 0, :] = 0.0
+    beta = draw_beta(rng, (1, 1, 16), "uniform")
+    g = np.full((1, 1, 16), -0.5) * rng.uniform(0.5, 1, (1, 1, 16))
+    t = builtin("gated-deltanet", dtype="bfloat16")
+    for scale, marked in ((2.0**-133, True), (1.0, False)):
+        qb, kb, vb = (round_to(x, "bfloat16") for x in (q, k, v * scale))
+        ex = {"beta": round_to(beta, "bfloat16"), "g": np.minimum(round_to(g, "bfloat16"), 0.0)}
+        out = np.asarray(t(qb, kb, vb, causal=True, **ex), dtype=np.float64)
+        f = A.check_agreement("agreement", out, t.variant, qb, kb, vb, causal=True, dtype="bfloat16", **t.params, **ex)
+        assert f.passed and (f.details.get("unjudged") == ["output"]) == marked, f.details
