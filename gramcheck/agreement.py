@@ -252,6 +252,7 @@ def _in_range(naive: np.ndarray, wide: np.ndarray, value: np.ndarray, u: float) 
     return np.isfinite(naive) & np.broadcast_to(good, naive.shape)
 
 
+@algorithm_underflow.judged_by(lambda name, output, variant, *args, **kw: _variants.get(variant))
 def check_agreement(
     name: str,
     output: np.ndarray,
@@ -267,25 +268,9 @@ def check_agreement(
     """Finding: max_ij |out - truth| / bound_ij <= 1 where the worst-case bound is informative, and the
     probabilistic bound or the low-precision rule where it is not (module docstring). Inputs must
     already be representable in dtype. The bounds are the definition's, and where those fail, with the
-    variant's other standard algorithms' underflow share added (``algorithm_underflow.judged``)."""
+    variant's other standard algorithms' underflow share added (``algorithm_underflow.judged_by``; the
+    definition's alone: ``check_agreement.__wrapped__``)."""
     var = _variants.get(variant)
-    return algorithm_underflow.judged(
-        var, lambda: _check_agreement(name, output, var, q, k, v, causal=causal, dtype=dtype, **kwargs)
-    )
-
-
-def _check_agreement(
-    name: str,
-    output: np.ndarray,
-    var: Any,
-    q: np.ndarray,
-    k: np.ndarray,
-    v: np.ndarray,
-    *,
-    causal: bool,
-    dtype: Any,
-    **kwargs: Any,
-) -> Finding:
     out = np.asarray(output, dtype=np.float64)
     u = unit_roundoff(dtype)
     with np.errstate(all="ignore"):

@@ -121,12 +121,20 @@ def judged(var: Any, judge: Callable[[], F]) -> F:
     return second
 
 
-def judged_property(fn: Callable[..., Finding | None]) -> Callable[..., Finding | None]:
-    """A property ``fn(target, ex, **kw)`` whose rounding bounds take the other algorithms' underflow
-    share where the definition's fail (``judged``)."""
+def judged_by(variant_of: Callable[..., Any]) -> Callable[[Callable[..., F]], Callable[..., F]]:
+    """Decorator: ``fn(*args, **kw)`` judged (``judged``) on the variant ``variant_of(*args, **kw)``, its
+    rounding bounds taking the other algorithms' underflow share where the definition's fail; the
+    definition-only judgment stays reachable as ``__wrapped__``."""
 
-    @functools.wraps(fn)
-    def wrapper(target: Any, ex: Any, **kw: Any) -> Finding | None:
-        return judged(target.variant, lambda: fn(target, ex, **kw))
+    def decorate(fn: Callable[..., F]) -> Callable[..., F]:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kw: Any) -> F:
+            return judged(variant_of(*args, **kw), lambda: fn(*args, **kw))
 
-    return wrapper
+        return wrapper
+
+    return decorate
+
+
+judged_property = judged_by(lambda target, ex, **kw: target.variant)
+"""A property ``fn(target, ex, **kw)`` judged on its target's variant (``judged_by``)."""
