@@ -47,7 +47,7 @@ import numpy as np
 
 from . import algorithm_underflow
 from . import variants as _variants
-from .arith import ProbabilisticModel, RoundedArith, rounding_model
+from .arith import ProbabilisticModel, RoundedArith, flushes, rounding_model, subnormals
 from .findings import Finding, error_ratios
 from .oracle import truth, truth_given
 from .precision import dtype_name, unit_roundoff
@@ -86,6 +86,20 @@ def rounding_evaluation(
     share = algorithm_underflow.added_share(var, model, ball, q, k, v, causal=causal, dtype=dtype, **kwargs)
     bound = REASSOCIATION_FACTOR * (model.radius(ball) + share)
     return RoundingEvaluation(bound, model.to_float64(ball), model.float64_certificate(ball))
+
+
+def flushing_reach(
+    variant: Any, bound: np.ndarray, q: Any, k: Any, v: Any, *, causal: bool, dtype: Any, **kwargs: Any
+) -> np.ndarray | float:
+    """How far flushing alone may move each entry: ``bound`` (computed for a target that flushes,
+    ``arith.subnormals``) less the definition's rounding bound under gradual underflow; 0 where the
+    target does not flush (proofs/fp-forward-error.md, "Flushing kernels")."""
+    if not flushes(dtype):
+        return 0.0
+    with subnormals("gradual"):
+        gradual = rounding_bound(variant, q, k, v, causal=causal, dtype=dtype, **kwargs)
+    with np.errstate(invalid="ignore"):
+        return np.where(np.isnan(bound - gradual), np.inf, np.maximum(bound - gradual, 0.0))
 
 
 def probabilistic_bound(
@@ -277,6 +291,7 @@ def check_agreement(
         # one pass: the bound, the float64 reference (its midpoints) and a float64 certificate of the truth
         model = rounding_evaluation(var, q, k, v, causal=causal, dtype=dtype, **kwargs)
     bound, approx = model.bound, model.value
+    reach = flushing_reach(var, bound, q, k, v, causal=causal, dtype=dtype, **kwargs)
     scale = slice_magnitude(approx, v)
     vacuous_guess = ~(bound < 0.5 * scale)
     if vacuous_guess.any():
@@ -325,7 +340,7 @@ def check_agreement(
         else:  # the separate truth only for the entries the model's certificate does not meet
             t = truth_given(var, q, k, v, model.certificate, causal=causal, digits=None, atol=atol, **kwargs)
         t = t.exact_where((model.bound == 0) & np.isfinite(approx), approx)  # a zero radius: exact
-        judged = _judge(name, out, v, t, bound, pbound, probability, naive, u, dtype, noise)
+        judged = _judge(name, out, v, t, bound, pbound, probability, naive, u, dtype, noise, reach)
         if not judged.rule_open:
             break
     return judged.finding
@@ -349,11 +364,14 @@ def _judge(
     u: float,
     dtype: Any,
     noise: Callable[[], np.ndarray],
+    reach: np.ndarray | float = 0.0,
 ) -> _Judged:
     """The Finding of ``check_agreement`` on the truth ``t``, every error counted at its worst over the
-    truth's bound."""
+    truth's bound; entries within ``reach`` of flushing (``flushing_reach`` at least their |truth|) are
+    not judged."""
     rule_open = False
-    defined = ~t.undefined
+    flushed = ~t.undefined & (reach > 0) & ~(reach < np.abs(t.value))
+    defined = ~t.undefined & ~flushed
     mag = slice_magnitude(np.where(defined, t.value, 0.0), v)
     err = np.abs(out - t.value) + t.bound  # worst case over the truth's own uncertainty
     err = np.where(np.isnan(err), np.inf, err)
@@ -445,9 +463,15 @@ def _judge(
         }
     )
     informative = int((wc & (bound > 0)).sum()) + int((pr & (pbound > 0)).sum()) + lp_count
-    if unbounded and not informative:  # only exact entries, or none, were judged: the pass says nothing
+    n_flushed = int(flushed.sum())
+    if n_flushed:
+        details["flushed_entries"] = n_flushed
+        details["note"] = f"{n_flushed} entries within reach of flushing (its charges reach their magnitude) not judged"
+    if (unbounded or n_flushed) and not informative:  # only exact entries, or none, were judged: the pass says nothing
         details["unjudged"] = ["output"]
-        details["note"] = f"no inexact entry judged ({unbounded} at the dtype's noise floor or unbounded)"
+        floor = f"{unbounded} at the dtype's noise floor or unbounded"
+        floor += f", {n_flushed} within reach of flushing" if n_flushed else ""
+        details["note"] = f"no inexact entry judged ({floor})"
     if worst_at is not None:
         b_worst = {"worst-case": bound, "probabilistic": pbound}.get(worst_rule)
         details["worst_error"] = float(err[worst_at])

@@ -1,10 +1,12 @@
 """The underflow charges of a variant's other standard algorithms (proofs/fp-forward-error.md, "Other
 algorithms' underflow").
 
-A production form may evaluate another standard algorithm than the definition (the chunked delta rule,
-FAVOR+'s linear form), and where that algorithm's intermediates fall into the subnormals it errs by
-absolute amounts, up to eta / 2 per subnormal result times the coefficients that carry it to the output, that the
-definition's rounding model does not see (Gated DeltaNet's chunked algorithm forms a cumulative decay of
+A production form may evaluate another standard algorithm than the definition (its own: the chunked delta
+rule, FAVOR+'s linear form, ``Variant.algorithms_for``; and the recurrent and chunked state orders of
+linear attention that its definition reaches, ``Variant.orders_for``), and where that algorithm's
+intermediates fall into the subnormals (or, for a target that flushes, below the smallest normal:
+``arith.subnormals``) it errs by absolute amounts, up to eta / 2 per subnormal result times the
+coefficients that carry it to the output, that the definition's rounding model does not see (Gated DeltaNet's chunked algorithm forms a cumulative decay of
 e^-103 and multiplies it by a state 190 times its updates). The underflow share of algorithm A is
 
     U_A = R_A(u, eta) - R_A(u, 0),
@@ -37,6 +39,7 @@ import numpy as np
 from .arith import RoundingModel
 from .findings import Finding
 from .precision import smallest_normal
+from .variants.common import evaluation_order
 
 _SHARED: ContextVar[bool] = ContextVar("gramcheck_algorithm_underflow", default=False)
 F = TypeVar("F", bound=Finding | None)
@@ -60,7 +63,7 @@ def underflow_share(
     accumulate in float32); shaped as ``like`` (the definition's result, or its (out, S_N) pair where the
     algorithms return one: ``output_final_state``), and 0 without algorithms."""
     zeros = _joined([np.zeros(np.shape(x)) for x in _parts(like)])
-    if not var.algorithms_for(causal) or smallest_normal(dtype) > smallest_normal("float32"):
+    if not has_algorithms(var, causal) or smallest_normal(dtype) > smallest_normal("float32"):
         return zeros
     with_eta, without = (_radii(var, model(dtype), underflow, q, k, v, causal, kw) for underflow in (True, False))
     shares = None
@@ -84,12 +87,24 @@ def added_share(var: Any, ar: Any, result: Any, q: Any, k: Any, v: Any, *, causa
     return underflow_share(var, q, k, v, causal=causal, dtype=dtype, like=like, model=type(ar), **kw)
 
 
+def has_algorithms(var: Any, causal: bool) -> bool:
+    """Whether the variant has other standard algorithms in this mode: its own (``algorithms_for``) or a
+    production form's evaluation order of its definition (``orders_for``)."""
+    return bool(var.algorithms_for(causal) or var.orders_for(causal))
+
+
 def _radii(var: Any, ar: Any, underflow: bool, q: Any, k: Any, v: Any, causal: bool, kw: Any) -> list[list[Any]]:
-    """Per algorithm, the radii of its results (one, or out and S_N) in the model ``ar``."""
+    """Per algorithm (the variant's own, then each evaluation order its definition takes on this call),
+    the radii of its results (one, or out and S_N) in the model ``ar``."""
     if not underflow:
         ar.without_underflow()
     with np.errstate(all="ignore"):
         runs = var.algorithms(q, k, v, causal=causal, arith=ar, **kw)
+        for order in var.orders_for(causal):
+            with evaluation_order(order) as used:
+                run = var.reference(q, k, v, causal=causal, arith=ar, **kw)
+            if used[0]:
+                runs.append(run)
         with ar.context():
             return [[np.asarray(ar.radius(p), dtype=np.float64) for p in _parts(r)] for r in runs]
 
@@ -109,7 +124,7 @@ def judged(var: Any, judge: Callable[[], F]) -> F:
     algorithms, ``judge()`` once more with their underflow share in every rounding bound (``added_share``),
     recorded as ``details["algorithms_underflow"]``."""
     first = judge()
-    if first is None or first.passed or not var.algorithms_for(True) or _SHARED.get():
+    if first is None or first.passed or not has_algorithms(var, True) or _SHARED.get():
         return first
     token = _SHARED.set(True)
     try:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from . import properties as _properties
 from . import threads as _threads
 from . import variants as _variants
+from .arith import SUBNORMALS
 from .findings import Finding
 from .precision import dtype_name
 from .report import Report
@@ -32,9 +33,12 @@ def make_target(
     params: dict[str, Any] | None = None,
     timeout: float | None = 60.0,
     form: str | None = None,
+    subnormals: str = "gradual",
 ) -> Target:
     """A Target from a callable, 'module:attr', 'builtin:NAME' (``variant`` defaults to NAME) or 'fla:OP'
-    (fla's Triton op OP; ``variant`` defaults to the op's first variant, ``params`` to the op's own)."""
+    (fla's Triton op OP; ``variant`` defaults to the op's first variant, ``params`` to the op's own);
+    ``subnormals``: 'flush' for a target whose arithmetic flushes results below the smallest normal to
+    zero (``arith.subnormals``). A Target is returned as it is."""
     if isinstance(target, Target):
         return target
     fn, name = resolve(target)
@@ -50,6 +54,7 @@ def make_target(
             raise ValueError(f"variant: got {variant!r} for target builtin:{name}; expected {name!r} or None")
         t = builtin(name, form=form, dtype=dtype, **(params or {}))
         t.device, t.timeout = device, timeout
+        t.subnormals = check_choice("subnormals", subnormals, SUBNORMALS)
         return t
     if isinstance(target, str) and target.startswith("fla:"):
         from .adapters import fla_kernels
@@ -57,7 +62,7 @@ def make_target(
         bound, var_name, merged = fla_kernels.bind(target.split(":", 1)[1], variant, params)
         return Target(
             bound, _variants.get(var_name), dtype=dtype_name(dtype), device=device, params=merged, name=target,
-            timeout=timeout,
+            timeout=timeout, subnormals=subnormals,
         )  # fmt: skip
     if variant is None:
         raise ValueError("variant: got None; expected the name of the variant the target implements")
@@ -71,6 +76,7 @@ def make_target(
         params=params or {},
         name=label,
         timeout=timeout,
+        subnormals=subnormals,
     )
     if isinstance(target, str):
         t.rebuild = ("import", target)
@@ -119,6 +125,7 @@ def check(
     causal: bool = False,
     dtype: Any = "float32",
     device: str = "cpu",
+    subnormals: str = "gradual",
     domain: Domain | dict[str, Any] | None = None,
     properties: Sequence[str] | None = None,
     profile: str = "ci",
@@ -137,7 +144,10 @@ def check(
     the variant, mode and dtype); ``domain``: a ``Domain`` or its fields as a dict (kinds, max_n, max_d,
     max_b, max_h, examples, chunks, budget, gates, grad_max_n; sizes default to the profile's);
     ``profile``: 'ci' (fast, seeded by ``seed``) or 'thorough'; ``params``: the
-    hyperparameters the target implements (passed to the reference); ``progress(name, done, total)`` is
+    hyperparameters the target implements (passed to the reference); ``subnormals``: 'flush' where the
+    target's arithmetic flushes results below the smallest normal to zero (FTZ/DAZ, -ftz builds, Triton's
+    approximate exp on a GPU), so that the rounding bounds charge flushing where a result may fall there
+    (``arith.subnormals``; recorded in the Report and the certificate); ``progress(name, done, total)`` is
     called before each property and once at the end (name ''); ``on_finding(finding, done, total)`` as
     each property finishes. ``memory_budget`` (bytes; default ``search.MEMORY_BUDGET``) bounds the
     estimated memory of the largest input (``Domain.memory_estimate``): a larger domain is a ValueError
@@ -148,7 +158,7 @@ def check(
     check_choice("profile", profile, tuple(PROFILES))
     check_choice("isolation", isolation, ISOLATIONS)
     seed = _check_seed(seed)
-    t = make_target(target, variant, dtype=dtype, device=device, params=params, timeout=timeout)
+    t = make_target(target, variant, dtype=dtype, device=device, params=params, timeout=timeout, subnormals=subnormals)
     var = t.variant
     var.check_causal(causal)
     dom = domain if isinstance(domain, Domain) else Domain(**(domain or {}))
@@ -167,6 +177,7 @@ def check(
         dom.resolved(profile).to_dict(),  # the sizes drawn, as a certificate must state them
         params=dict(t.overrides),
         requested=None if properties is None else [p.name for p in props],
+        subnormals=t.subnormals,
     )
     n_threads = _threads.resolve(threads)  # validated before any work
     if isolation == "process":
@@ -321,6 +332,7 @@ def verify(
         causal=data["causal"],
         dtype=env["dtype"],
         device=env["device"],
+        subnormals=env.get("subnormals", "gradual"),
         domain=data["domain"],
         properties=data["requested"],
         profile=data["profile"],

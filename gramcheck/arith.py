@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator, Sequence
+from contextvars import ContextVar
 from typing import Any
 
 import mpmath
@@ -392,12 +393,17 @@ class BallArith(Arith):
         self.name = f"ball-{backend.name}"
         self._eta = backend.eta
         self._tiny = getattr(backend, "tiny", 0.0) * (1 + 2.0**-49)  # results below it may underflow
+        self._flush = bool(getattr(backend, "flush", False))  # results below tiny become 0 (``subnormals``)
 
     # helpers -----------------------------------------------------------------------------------
     def _lift(self, x: Any) -> Ball:
         if isinstance(x, Ball):
             return x
         m = self.b.asarray(x)
+        if self._flush and self._eta:  # a flushing kernel reads a subnormal operand as 0
+            sub = (m != 0) & (np.abs(m) < self.b.tiny)
+            if np.any(sub):
+                return Ball(self, m, self.b.asarray(np.where(sub, np.abs(m), 0.0)))
         return Ball(self, m, self.b.asarray(np.zeros(np.shape(m))), exact=True)
 
     def _inflate(self, r: Any, k: int) -> Any:
@@ -430,11 +436,16 @@ class BallArith(Arith):
         may = lowest < self._tiny
         for x in operands:
             may &= self._nonzero(x)
-        return may * self._halves_of_eta(ulps)
+        return may * self._underflow_errors(1 if self._flush else ulps)
 
-    def _halves_of_eta(self, count: Any) -> Any:
-        """count * eta / 2, rounded up: exact where eta / 2 is a normal float64 number (every modelled
-        format); eta * ceil(count / 2) in float64's own range, where eta / 2 is not a float64 number."""
+    def _underflow_errors(self, count: Any) -> Any:
+        """The most ``count`` underflowing results err together, rounded up: count * eta / 2 under gradual
+        underflow (exact where eta / 2 is a normal float64 number, every modelled format; eta *
+        ceil(count / 2) in float64's own range, where eta / 2 is not a float64 number), count * tiny (the
+        smallest normal) where results below it are flushed to zero (proofs/fp-forward-error.md,
+        "Flushing kernels")."""
+        if self._flush:
+            return self.b.tiny * np.asarray(count, dtype=np.float64)
         if 0.5 * self._eta >= 2.0**-1022:
             return 0.5 * self._eta * count
         return self._eta * np.ceil(0.5 * np.asarray(count, dtype=np.float64))
@@ -476,7 +487,11 @@ class BallArith(Arith):
     # the four operations -------------------------------------------------------------------------
     def _add(self, a: Ball, b: Ball) -> Ball:
         y = a.mid + b.mid
-        return Ball(self, y, self._inflate(a.rad + b.rad + self.b.u * np.abs(y), 3))
+        r = a.rad + b.rad + self.b.u * np.abs(y)
+        if self._flush and self._eta:  # a sum that cancels below tiny is flushed (gradual: exact)
+            may = (np.abs(y) - (a.rad + b.rad) < self._tiny) & (self._nonzero(a) | self._nonzero(b))
+            r = r + self._underflow_errors(may)
+        return Ball(self, y, self._inflate(r, 3))
 
     def _mul(self, a: Ball, b: Ball) -> Ball:
         y = a.mid * b.mid
@@ -598,6 +613,8 @@ class BallArith(Arith):
         r = self._gammas(max(n - 1, 0)) * np.sum(np.abs(x.mid), axis=axis, keepdims=keepdims)
         if not self._exact(x):
             r = np.sum(x.rad, axis=axis, keepdims=keepdims) + r
+        flushed = self._flushed_sums(x, axis, cumulative=False)
+        r = r + (np.expand_dims(flushed, axis) if keepdims and np.ndim(flushed) else flushed)
         return Ball(self, y, self._inflate(r, n + 2))
 
     def cumsum(self, x: Ball, axis: int) -> Ball:
@@ -609,7 +626,7 @@ class BallArith(Arith):
         r = g * np.cumsum(np.abs(x.mid), axis=axis)
         if not self._exact(x):
             r = np.cumsum(x.rad, axis=axis) + r
-        return Ball(self, y, self._inflate(r, n + 2))
+        return Ball(self, y, self._inflate(r + self._flushed_sums(x, axis, cumulative=True), n + 2))
 
     def matmul(self, a: Any, b: Any) -> Ball:
         """Radius |a| rad_b + rad_a (|b| + rad_b) + gamma_n |a| |b| + nz eta / 2 (``_underflowing_products``),
@@ -631,23 +648,92 @@ class BallArith(Arith):
         """eta / 2 for each product a_il b_lj that may be nonzero: the most underflow can add to an inner
         product, whether each product is rounded (a subnormal product errs by at most eta / 2, and a sum
         whose result is subnormal is exact) or fused into the sum (a subnormal partial sum errs by at most
-        eta / 2, and a zero product leaves the sum unchanged); proofs/fp-forward-error.md, "Underflow"."""
+        eta / 2, and a zero product leaves the sum unchanged); proofs/fp-forward-error.md, "Underflow".
+        Flushing (``subnormals``): ``_flushed_products``."""
         if not self._eta:
             return 0.0
+        if self._flush:
+            return self._flushed_products(a, b, n)
+        return self._underflow_errors(self._nonzero_products(a, b, n))
+
+    def _nonzero_products(self, a: Ball, b: Ball, n: int) -> Any:
+        """How many of the products a_il b_lj of each inner product may be nonzero."""
         full_a, full_b = bool(np.all(a.mid)), bool(np.all(b.mid))  # no midpoint 0: no operand exactly zero
         if full_a and full_b:
-            return self._halves_of_eta(n)
+            return n
         if full_b:  # the count of a row's nonzero entries (a causal mask's: the tokens it reads)
-            return self._halves_of_eta(np.sum(self._nonzero(a), axis=-1, keepdims=True, dtype=np.float64))
+            return np.sum(self._nonzero(a), axis=-1, keepdims=True, dtype=np.float64)
         if full_a:
-            return self._halves_of_eta(np.sum(self._nonzero(b), axis=-2, keepdims=True, dtype=np.float64))
-        nz_a, nz_b = self._nonzero(a), self._nonzero(b)
-        return self._halves_of_eta(np.matmul(nz_a.astype(np.float64), nz_b.astype(np.float64)))
+            return np.sum(self._nonzero(b), axis=-2, keepdims=True, dtype=np.float64)
+        return np.matmul(self._nonzero(a).astype(np.float64), self._nonzero(b).astype(np.float64))
+
+    def _flushed_products(self, a: Ball, b: Ball, n: int) -> Any:
+        """Where results below tiny are flushed to 0: tiny for each nonzero product of an inner product
+        whose products may fall below tiny (judged from the least |a_il| and |b_lj| of its row and column),
+        and for each nonzero product but one where the products may differ in sign (a partial sum that
+        cancels below tiny is flushed; products of one sign, each 0 or at least tiny once flushed, have
+        partial sums 0 or at least tiny); proofs/fp-forward-error.md, "Flushing kernels"."""
+        nz = self._nonzero_products(a, b, n)
+        low_a = np.where(self._nonzero(a), np.maximum(np.abs(a.mid) - a.rad, 0.0), np.inf)
+        low_b = np.where(self._nonzero(b), np.maximum(np.abs(b.mid) - b.rad, 0.0), np.inf)
+        row, col = np.min(low_a, axis=-1, initial=np.inf), np.min(low_b, axis=-2, initial=np.inf)
+        with np.errstate(invalid="ignore"):
+            small = (row[..., :, None] * col[..., None, :]) < self._tiny
+        additions = 0.0 if self._one_sign(a) and self._one_sign(b) else np.maximum(nz - 1.0, 0.0)
+        return self._underflow_errors(nz * small + additions)
+
+    def _one_sign(self, x: Ball) -> bool:
+        """Whether every number of every ball of x has one sign (zeros included)."""
+        return bool(np.all(x.mid - x.rad >= 0) or np.all(x.mid + x.rad <= 0))
+
+    def _flushed_sums(self, x: Ball, axis: int, cumulative: bool) -> Any:
+        """Where results below tiny are flushed to 0: tiny for each nonzero term but one of a sum (of each
+        prefix, ``cumulative``) whose terms may differ in sign, else 0 (``_flushed_products``)."""
+        if not (self._flush and self._eta):
+            return 0.0
+        nz = self._nonzero(x)
+        up, down = nz & (x.mid + x.rad > 0), nz & (x.mid - x.rad < 0)
+        if cumulative:
+            count = np.cumsum(nz, axis=axis, dtype=np.float64)
+            mixed = np.logical_or.accumulate(up, axis=axis) & np.logical_or.accumulate(down, axis=axis)
+        else:
+            count = np.sum(nz, axis=axis, dtype=np.float64)
+            mixed = np.any(up, axis=axis) & np.any(down, axis=axis)
+        return self._underflow_errors(mixed * np.maximum(count - 1.0, 0.0))
+
+
+SUBNORMALS = ("gradual", "flush")
+_SUBNORMALS: ContextVar[str] = ContextVar("gramcheck_subnormals", default="gradual")
+
+
+@contextlib.contextmanager
+def subnormals(mode: str) -> Iterator[None]:
+    """Within the block, the rounding models (``RoundingModel``, ``ProbabilisticModel``) take the target's
+    underflow to be ``mode``: 'gradual' (IEEE 754 subnormals, the default) or 'flush' (a result or an
+    operand below the smallest normal reads as 0: FTZ/DAZ, -ftz builds, approximate GPU exp). Flushing is
+    modelled at float32's and wider formats' own smallest normal; float16 computes in float32, whose flush
+    range lies below float16's underflow unit, and keeps the gradual model (proofs/fp-forward-error.md,
+    "Flushing kernels")."""
+    if mode not in SUBNORMALS:
+        raise ValueError(f"subnormals: got {mode!r}; expected one of {SUBNORMALS}")
+    token = _SUBNORMALS.set(mode)
+    try:
+        yield
+    finally:
+        _SUBNORMALS.reset(token)
+
+
+def flushes(dtype: Any) -> bool:
+    """Whether the rounding model of ``dtype`` flushes here (``subnormals``)."""
+    from .precision import smallest_normal
+
+    return _SUBNORMALS.get() == "flush" and smallest_normal(dtype) <= smallest_normal("float32")
 
 
 class _ModelBackend(_F64Backend):
     """float64 values with the unit roundoff and underflow unit of another format: a ball evaluation
-    over it bounds, to first order, the rounding error of the same formula evaluated in that format."""
+    over it bounds, to first order, the rounding error of the same formula evaluated in that format
+    (``flush``: with results below the format's smallest normal flushed to 0; ``subnormals``)."""
 
     def __init__(self, dtype: Any):
         from .precision import dtype_name, smallest_normal, underflow_unit, unit_roundoff
@@ -655,7 +741,8 @@ class _ModelBackend(_F64Backend):
         self.u = unit_roundoff(dtype) + math.ldexp(1.0, -53)
         self.eta = underflow_unit(dtype)
         self.tiny = smallest_normal(dtype)
-        self.name = f"model-{dtype_name(dtype)}"
+        self.flush = flushes(dtype)
+        self.name = f"model-{dtype_name(dtype)}" + ("-flush" if self.flush else "")
 
 
 class RoundingModel(BallArith):
@@ -791,14 +878,19 @@ class RoundedArith(BallArith):
     enclosing = False
 
     def __init__(self, dtype: Any, *, wide_range: bool = False, reverse: bool = False):
-        from .precision import dtype_name
+        from .precision import dtype_name, smallest_normal
 
         super().__init__(_F64Backend())
         self.dtype = dtype_name(dtype)
         self.held_dtype = "float64" if self.dtype == "float64" else "float32"
         self.wide_range = wide_range
         self.reverse = reverse
-        self.name = f"rounded-{self.dtype}" + ("-wide" if wide_range else "") + ("-reversed" if reverse else "")
+        # where the target flushes (``subnormals``), every result and input below the smallest normal is 0
+        # (an accumulation's partial sums are not); its wide-range twin keeps them, so that the rule tells
+        # the flushed entries as range-decided
+        self.flush_below = smallest_normal(self.dtype) if flushes(self.dtype) and not wide_range else 0.0
+        flush = "-flush" if self.flush_below else ""
+        self.name = f"rounded-{self.dtype}" + ("-wide" if wide_range else "") + ("-reversed" if reverse else "") + flush
 
     def held(self, x: Any) -> Ball:
         x = self._lift(x)
@@ -837,7 +929,8 @@ class RoundedArith(BallArith):
         """y as torch computes a result in ``to``: in float32 below float32, then rounded to ``to``."""
         if to in ("bfloat16", "float16"):
             y = round_to(y, "float32", wide_range=self.wide_range)
-        return round_to(y, to, wide_range=self.wide_range)
+        out = round_to(y, to, wide_range=self.wide_range)
+        return np.where(np.abs(out) < self.flush_below, 0.0 * out, out) if self.flush_below else out
 
     def _pair(self, a: Ball, b: Ball, *, to_tensor: bool = False) -> tuple[Any, Any]:
         """The operands' values as an elementwise kernel sees them: a constant meeting a tensor is cast to

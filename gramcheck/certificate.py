@@ -214,10 +214,11 @@ def _flint_version() -> str:
     return str(flint.__version__)
 
 
-def environment(device: str, dtype: str, *, target_spec: str = "") -> dict[str, Any]:
+def environment(device: str, dtype: str, *, target_spec: str = "", subnormals: str = "gradual") -> dict[str, Any]:
     """Versions that can change results (python, numpy, mpmath, python-flint when the oracle escalates in
     Arb, torch, hypothesis: the example stream is a function of the seed and the Hypothesis version), the
-    device and dtype checked; for a target that
+    device and dtype checked, and the target's underflow where it flushes subnormals (``subnormals``:
+    absent means gradual, so that certificates of gradual targets keep their bytes); for a target that
     runs fla's Triton kernels (``target_spec`` starting with one of FLA_KERNEL_SPECS) also fla, triton
     and triton_interpreter."""
     import hypothesis
@@ -231,6 +232,8 @@ def environment(device: str, dtype: str, *, target_spec: str = "") -> dict[str, 
         "device": device,
         "dtype": dtype,
     }
+    if subnormals != "gradual":
+        env["subnormals"] = subnormals
     from .arb_arith import ArbArith
     from .oracle import escalation_arith
 
@@ -412,7 +415,7 @@ def from_report(
         "variant": report.variant,
         "params": report.params,
         "causal": report.causal,
-        "environment": environment(report.device, report.dtype, target_spec=target_spec),
+        "environment": environment(report.device, report.dtype, target_spec=target_spec, subnormals=report.subnormals),
         "domain": report.domain,
         "profile": report.profile,
         "seed": report.seed,
@@ -531,9 +534,10 @@ def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     for key in ("variant", "params", "causal", "domain", "profile", "seed", "requested", "passed"):
         if old.get(key) != new.get(key):
             out.append(f"{key}: {old.get(key)!r} -> {new.get(key)!r}")
-    for key in ("device", "dtype"):
-        if old["environment"].get(key) != new["environment"].get(key):
-            out.append(f"environment.{key}: {old['environment'].get(key)!r} -> {new['environment'].get(key)!r}")
+    for key, default in (("device", None), ("dtype", None), ("subnormals", "gradual")):
+        a, b = (c["environment"].get(key, default) for c in (old, new))
+        if a != b:
+            out.append(f"environment.{key}: {a!r} -> {b!r}")
     olds = {e["property"]: e for e in old["properties"]}
     news = {e["property"]: e for e in new["properties"]}
     for name in sorted(set(olds) | set(news)):

@@ -68,6 +68,7 @@ def _check_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "causal": args.causal,
         "dtype": args.dtype,
         "device": args.device,
+        "subnormals": args.subnormals,
         "domain": domain,
         "properties": args.property or None,
         "profile": args.profile,
@@ -336,6 +337,10 @@ def _add_check_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--causal", action="store_true", help="check the causal mode")
     p.add_argument("--dtype", default="float32", choices=["float64", "float32", "bfloat16", "float16"])
     p.add_argument("--device", default="cpu")
+    p.add_argument(
+        "--subnormals", default="gradual", choices=["gradual", "flush"],
+        help="'flush' for a target whose arithmetic flushes results below the smallest normal to zero",
+    )  # fmt: skip
     p.add_argument("--profile", default="ci", choices=sorted(PROFILES))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--property", action="append", choices=_properties.names(), help="repeatable; default all")

@@ -59,6 +59,7 @@ def attention_suite(
     causal: bool = False,
     dtype: str = "float32",
     device: str = "cpu",
+    subnormals: str = "gradual",
     params: dict[str, Any] | None = None,
     properties: Sequence[str] | None = None,
     domain: dict[str, Any] | None = None,
@@ -71,7 +72,9 @@ def attention_suite(
     from . import properties as _properties
     from .api import make_target, select_properties, target_spec
 
-    t = make_target(target, variant, dtype=dtype, device=device, params=params, timeout=timeout)
+    t = make_target(
+        target, variant, dtype=dtype, device=device, params=params, timeout=timeout, subnormals=subnormals
+    )
     t.variant.check_causal(causal)
     # the same selection, order and record as ``check``, so the certificate has the CLI's bytes
     names = [p.name for p in select_properties(
@@ -79,7 +82,9 @@ def attention_suite(
     )]
     requested = list(names) if properties else None
     spec = target_spec(target)
-    key = json.dumps([spec, t.variant.name, causal, t.dtype, device, sorted((params or {}).items())], default=str)
+    key = json.dumps(
+        [spec, t.variant.name, causal, t.dtype, device, subnormals, sorted((params or {}).items())], default=str
+    )
 
     @pytest.mark.gramcheck
     @pytest.mark.parametrize("gramcheck_property", names)
@@ -139,7 +144,8 @@ def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
     tag = getattr(session.config, "workerinput", {}).get("workerid", "main")
     for r in results.values():
         t = r["target"]
-        slug = _slug(f"{r['spec']}-{t.variant.name}-{'causal' if r['causal'] else 'full'}-{t.dtype}")
+        flush = "-flush" if t.subnormals == "flush" else ""
+        slug = _slug(f"{r['spec']}-{t.variant.name}-{'causal' if r['causal'] else 'full'}-{t.dtype}{flush}")
         findings = sorted(r["findings"], key=lambda f: r["order"].index(f.name))
         report = Report(
             t.name,
@@ -153,6 +159,7 @@ def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
             findings,
             params=dict(t.overrides),
             requested=r["requested"],
+            subnormals=t.subnormals,
         )
         cert = certificate_of(report, t, spec=r["spec"], stem=slug)
         for name, blob in cert.attachments.items():

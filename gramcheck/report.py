@@ -80,6 +80,8 @@ class Report:
     params: dict[str, Any] = field(default_factory=dict)
     # the property names asked for; None: every applicable property
     requested: list[str] | None = None
+    # the target's underflow as the rounding bounds model it (arith.subnormals)
+    subnormals: str = "gradual"
 
     @property
     def passed(self) -> bool:
@@ -97,7 +99,8 @@ class Report:
 
     def summary(self) -> str:
         mode = "causal" if self.causal else "non-causal"
-        setting = f"{mode}, {self.dtype}, {self.device}, profile {self.profile}, seed {self.seed}"
+        flush = ", flushing subnormals" if self.subnormals == "flush" else ""
+        setting = f"{mode}, {self.dtype}{flush}, {self.device}, profile {self.profile}, seed {self.seed}"
         head = f"{self.target} as {self.variant} ({setting})"
         lines = [head]
         for f in self.findings:
@@ -126,6 +129,7 @@ class Report:
             "causal": self.causal,
             "dtype": self.dtype,
             "device": self.device,
+            "subnormals": self.subnormals,
             "profile": self.profile,
             "seed": self.seed,
             "domain": self.domain,

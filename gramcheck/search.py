@@ -22,6 +22,7 @@ from hypothesis import target as htarget
 from hypothesis.errors import Flaky, Unsatisfiable
 
 from . import threads as _threads
+from .arith import subnormals
 from .findings import Finding
 from .locate import annotate
 from .properties import Property
@@ -219,7 +220,7 @@ def run_property(
     target.fn = _threads.pinned(fn, n)  # the target runs in its own worker thread: limit it there
     target.draw_seed = seed  # a target drawing its own randomness draws it seeded by the check's seed
     try:
-        with _threads.limited(n):
+        with _threads.limited(n), subnormals(target.subnormals):
             return _run_property(prop, target, causal=causal, domain=domain, profile_name=profile_name, seed=seed)
     finally:
         target.fn = fn

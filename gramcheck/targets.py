@@ -29,8 +29,10 @@ from typing import Any
 import numpy as np
 
 from . import variants as _variants
+from .arith import SUBNORMALS
 from .forms import CHUNK_SIZES
 from .precision import dtype_name
+from .validation import check_choice
 from .variants.spec import Variant
 
 ISOLATIONS = ("thread", "process")
@@ -78,6 +80,8 @@ class Target:
     params: Mapping[str, Any] = field(default_factory=dict)
     name: str = ""
     timeout: float | None = 60.0
+    # how the target's arithmetic underflows: 'gradual' (IEEE 754) or 'flush' (arith.subnormals)
+    subnormals: str = "gradual"
     # one persistent worker thread runs the calls (a new thread per call cost 4x the calls themselves:
     # torch sets up per-thread state each time; benchmarks/RESULTS.md); replaced after a timeout
     _executor: Any = field(default=None, init=False, repr=False, compare=False)
@@ -91,6 +95,7 @@ class Target:
     def __post_init__(self) -> None:
         self.variant = _variants.get(self.variant)
         self.dtype = dtype_name(self.dtype)
+        check_choice("subnormals", self.subnormals, SUBNORMALS)
         self.params = dict(self.variant.resolve_params(self.params))
         if not self.name:
             self.name = getattr(self.fn, "__qualname__", repr(self.fn))

@@ -246,3 +246,25 @@ def test_a_certificate_of_the_default_domain_states_its_sizes_and_verifies(tmp_p
     assert cert.passed and domain["max_n"] == 320 and domain["max_d"] == 64
     assert main(["verify", str(path)]) == 0
     assert "reproduced" in capsys.readouterr().out
+
+
+def test_a_flushing_target_is_recorded_and_verified_under_the_flushing_model(tmp_path, capsys):
+    path = tmp_path / "flush.json"
+    cert = certify(
+        "builtin:retnet", causal=True, subnormals="flush", properties=["agreement"], domain=TINY, out=str(path)
+    )
+    assert cert.data["environment"]["subnormals"] == "flush"
+    assert verify(path).ok
+    assert main(["verify", str(path)]) == 0
+    gradual = certify("builtin:retnet", causal=True, properties=["agreement"], domain=TINY)
+    assert "subnormals" not in gradual.data["environment"]  # gradual certificates keep their bytes
+    data = json.loads(path.read_text())
+    data["environment"]["subnormals"] = "ftz"
+    _rewrite(path, data)
+    with pytest.raises(CertificateError):
+        verify(path)
+    with pytest.raises(ValueError, match="subnormals: got 'ftz'"):
+        certify("builtin:retnet", causal=True, subnormals="ftz", properties=["agreement"], domain=TINY)
+    assert main(["check", "builtin:retnet", "--causal", "--subnormals", "flush", "--property", "agreement",
+                 "--max-n", "4", "--max-d", "2", "--examples", "2"]) == 0
+    assert "flushing subnormals" in capsys.readouterr().out

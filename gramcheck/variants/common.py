@@ -3,10 +3,45 @@ same formula serves the reference arithmetics and, with ``TORCH``, the torch for
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
+from contextvars import ContextVar
 from typing import Any
 
 import numpy as np
+
+ORDERS = ("recurrent", "chunked")
+ORDER_CHUNK = 64  # the chunk of the chunked order (fla's BT)
+_ORDER: ContextVar[tuple[str, list[bool]] | None] = ContextVar("gramcheck_evaluation_order", default=None)
+
+
+@contextlib.contextmanager
+def evaluation_order(order: str) -> Iterator[list[bool]]:
+    """Within the block the shared products of linear attention below (``kernel_product``,
+    ``ref_normalised``, ``gated_recurrence``, ``linear_in_order``) evaluate the algorithm ``order`` of a
+    production form instead of the definition's: 'recurrent' (the state S_t = diag(alpha_t) S_{t-1} +
+    k_t v_t^T token by token; phi(Q) (phi(K)^T V) when not causal) or 'chunked' (``chunked_gated_recurrence``
+    with chunks of ORDER_CHUNK tokens). Yields a one-element list that turns True when some product took
+    the order: a definition that uses none of them, or whose own algorithm is the order, evaluates
+    itself. For the underflow those algorithms' intermediates have and the definition's do not
+    (``algorithm_underflow``)."""
+    if order not in ORDERS:
+        raise ValueError(f"order: got {order!r}; expected one of {ORDERS}")
+    used = [False]
+    token = _ORDER.set((order, used))
+    try:
+        yield used
+    finally:
+        _ORDER.reset(token)
+
+
+def _order(takes: tuple[str, ...] = ORDERS) -> str | None:
+    """The order in effect where it is one of ``takes`` (marked as taken), else None."""
+    current = _ORDER.get()
+    if current is None or current[0] not in takes:
+        return None
+    current[1][0] = True
+    return current[0]
 
 
 def causal_keep(n: int) -> np.ndarray:
@@ -30,10 +65,51 @@ def kernel_matrix(ar: Any, fq: Any, fk: Any, causal: bool) -> Any:
     return ar.fill(a, causal_keep(fq.shape[-2]), 0.0) if causal else a
 
 
+def kernel_product(ar: Any, fq: Any, fk: Any, v: Any, causal: bool) -> Any:
+    """A V with A = phi(Q) phi(K)^T (masked when causal), by way of A (definitional; N x N), or in the
+    evaluation order in effect (``evaluation_order``)."""
+    if causal:
+        ordered = linear_in_order(ar, fq, fk, v, None)
+        if ordered is not None:
+            return ordered
+    elif _order(("recurrent",)) is not None:  # not causal: both orders form phi(K)^T V once
+        return ar.matmul(fq, ar.matmul(ar.mT(fk), v))
+    return ar.matmul(kernel_matrix(ar, fq, fk, causal), v)
+
+
 def ref_normalised(ar: Any, fq: Any, fk: Any, v: Any, *, causal: bool, eps: float = 0.0) -> Any:
-    """o_i = sum_j A_ij v_j / (sum_j A_ij + eps), A = phi(Q) phi(K)^T (masked when causal)."""
+    """o_i = sum_j A_ij v_j / (sum_j A_ij + eps), A = phi(Q) phi(K)^T (masked when causal); in an
+    evaluation order, numerator and denominator by one pass over [V, 1], as the forms compute them."""
+    if _ORDER.get() is not None:
+        dv = v.shape[-1]
+        ones = ar.asarray(np.ones(v.shape[:-1] + (1,)))
+        out = kernel_product(ar, fq, fk, ar.concat([v, ones], axis=-1), causal)
+        return ar.div(out[..., :dv], out[..., dv:] + eps)
     a = kernel_matrix(ar, fq, fk, causal)
     return ar.div(ar.matmul(a, v), ar.sum(a, axis=-1, keepdims=True) + eps)
+
+
+def linear_in_order(
+    ar: Any,
+    q: Any,
+    k: Any,
+    v: Any,
+    alpha: Any,
+    initial_state: Any = None,
+    output_final_state: bool = False,
+    takes: tuple[str, ...] = ORDERS,
+) -> Any:
+    """The causal gated recurrence (``gated_recurrence``'s output, or (o, S_N)) by the evaluation order in
+    effect: token by token ('recurrent') or by chunks ('chunked'); None outside ``evaluation_order`` or
+    where the order is not one of ``takes`` (a recurrence's own definition is the recurrent order)."""
+    order = _order(takes)
+    if order is None:
+        return None
+    if order == "chunked":
+        out, state = chunked_gated_recurrence(ar, q, k, v, alpha, ORDER_CHUNK, initial_state, with_state=True)
+    else:
+        out, state = _recurrence(ar, q, k, v, alpha, initial_state)
+    return (out, state) if output_final_state else out
 
 
 def gated_recurrence(
@@ -43,10 +119,19 @@ def gated_recurrence(
     every gated linear recurrence), from S_0 = ``initial_state`` (B, H, d_k, d_v) or 0. alpha
     (B, H, N, d_k) or (B, H, N, 1), already exponentiated (None: no decay). Returns o (B, H, N, d_v), or
     (o, S_N) when ``output_final_state``."""
+    ordered = linear_in_order(ar, q, k, v, alpha, initial_state, output_final_state, takes=("chunked",))
+    if ordered is not None:
+        return ordered
     enclose = getattr(ar, "enclose_gated_recurrence", None)  # one radius rule for the whole recurrence
     if enclose is not None:
         out, state = enclose(q, k, v, alpha, initial_state)
-        return (out, state) if output_final_state else out
+    else:
+        out, state = _recurrence(ar, q, k, v, alpha, initial_state)
+    return (out, state) if output_final_state else out
+
+
+def _recurrence(ar: Any, q: Any, k: Any, v: Any, alpha: Any, initial_state: Any) -> tuple[Any, Any]:
+    """(o, S_N) of ``gated_recurrence``, one token at a time in ``ar``."""
     B, H, N, dk = q.shape
     state = ar.held(ar.zeros((B, H, dk, v.shape[-1])) if initial_state is None else initial_state)
     outs = []
@@ -54,8 +139,7 @@ def gated_recurrence(
         update = k[:, :, t, :, None] * v[:, :, t, None, :]
         state = update + (state if alpha is None else alpha[:, :, t, :, None] * state)
         outs.append(ar.matmul(q[:, :, t, None, :], state)[:, :, 0, :])
-    out = ar.stack(outs, axis=2)
-    return (out, state) if output_final_state else out
+    return ar.stack(outs, axis=2), state
 
 
 def chunk_decays(ar: Any, alpha: Any) -> tuple[Any, Any]:
@@ -82,12 +166,22 @@ def to_chunks(ar: Any, x: Any, c: int, fill: float = 0.0) -> Any:
     return x.reshape(B, H, (N + pad) // c, c, *tail)
 
 
-def chunked_gated_recurrence(ar: Any, q: Any, k: Any, v: Any, alpha: Any = None, chunk: int = 64) -> Any:
+def chunked_gated_recurrence(
+    ar: Any,
+    q: Any,
+    k: Any,
+    v: Any,
+    alpha: Any = None,
+    chunk: int = 64,
+    initial_state: Any = None,
+    with_state: bool = False,
+) -> Any:
     """The output of ``gated_recurrence`` with decays alpha (B, H, N, 1) or (B, H, N, d_k) or None, by
     chunks of ``chunk`` tokens (the production algorithm of linear attention): per chunk, with incoming
-    state S, O = (P * Q) S + A V and S <- diag(P_c) S + (Gamma_c * K)^T V, where the intra-chunk scores
-    are A = (Q K^T) * Gamma for scalar decays and A_ts = sum_j q_tj k_sj Gamma_tsj per channel
-    (``chunk_decays``, one Gamma per channel)."""
+    state S (``initial_state`` or 0 at the start), O = (P * Q) S + A V and S <- diag(P_c) S +
+    (Gamma_c * K)^T V, where the intra-chunk scores are A = (Q K^T) * Gamma for scalar decays and
+    A_ts = sum_j q_tj k_sj Gamma_tsj per channel (``chunk_decays``, one Gamma per channel). ``with_state``:
+    (o, S_N) (the padding of the last chunk has decay 1 and k = v = 0, so the last state is S_N)."""
     B, H, N, dk = q.shape
     dv = v.shape[-1]
     qc, kc, vc = (to_chunks(ar, x, chunk) for x in (q, k, v))
@@ -103,14 +197,15 @@ def chunked_gated_recurrence(ar: Any, q: Any, k: Any, v: Any, alpha: Any = None,
         pairs = ar.mT(qc)[..., :, :, None] * ar.mT(kc)[..., :, None, :] * gamma
         scores = ar.fill(ar.sum(pairs, axis=-3), incl, 0.0)
         q_in, k_out, carry = qc * ar.mT(p_in), kc * ar.mT(gamma[..., chunk - 1, :]), p_in[..., chunk - 1]
-    state = ar.held(ar.zeros((B, H, dk, dv)))
+    state = ar.held(ar.zeros((B, H, dk, dv)) if initial_state is None else initial_state)
     outs = []
     for i in range(qc.shape[2]):
         outs.append(ar.matmul(q_in[:, :, i], state) + ar.matmul(scores[:, :, i], vc[:, :, i]))
         if carry is not None:
             state = carry[:, :, i, :, None] * state
         state = state + ar.matmul(ar.mT(k_out[:, :, i]), vc[:, :, i])
-    return ar.stack(outs, axis=2).reshape(B, H, qc.shape[2] * chunk, dv)[:, :, :N]
+    out = ar.stack(outs, axis=2).reshape(B, H, qc.shape[2] * chunk, dv)[:, :, :N]
+    return (out, state) if with_state else out
 
 
 def ref_normalised_gated(ar: Any, fq: Any, fk: Any, v: Any, g: Any, *, eps: float = 0.0) -> Any:

@@ -18,7 +18,7 @@ from typing import Any
 from ..featuremaps import elementwise
 from ..forms import linear_recurrence
 from ..torch_arith import TORCH
-from .common import attention_matrix, gated_recurrence, kernel_matrix, ref_normalised, torch_normalised
+from .common import attention_matrix, gated_recurrence, kernel_product, ref_normalised, torch_normalised
 from .spec import Variant
 
 LINEAR_FORMS = ("chunked", "recurrent", "parallel")
@@ -57,7 +57,7 @@ def reference_unnormalised(
     if causal and (initial_state is not None or output_final_state):
         out, final = gated_recurrence(ar, fq, fk, v, None, initial_state, output_final_state=True)
         return (out / divisor, final) if output_final_state else out / divisor
-    out = ar.matmul(kernel_matrix(ar, fq, fk, causal), v)
+    out = kernel_product(ar, fq, fk, v, causal)
     if initial_state is not None:
         out = out + ar.matmul(fq, initial_state)
     out = out / divisor

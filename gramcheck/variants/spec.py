@@ -11,7 +11,7 @@ import numpy as np
 
 from ..arith import F64
 from ..hyperparams import check_scale, scale_value
-from ..inputs import InputSpec, check_extras
+from ..inputs import InputSpec, check_extras, draw_extras
 from ..validation import check_choice, check_positive_int, check_qkv
 
 # property tags a variant may declare (the property catalogue keys on them)
@@ -49,6 +49,7 @@ RECURRENCES = (
 
 
 # hyperparameters that must be > 0 wherever a variant has them
+_ORDERS_TAKEN: dict[tuple[str, bool, int], tuple[str, ...]] = {}  # Variant.orders_for, per definition and mode
 _POSITIVE_PARAMS = ("scale", "tau", "gate_tau", "divisor", "gain", "block_size", "temperature", "gamma", "features")
 
 # call options every variant's reference and torch form accept besides hyperparameters and inputs: the
@@ -237,6 +238,27 @@ class Variant:
         """The other standard algorithms of a mode: ``algorithms_fn``, and ``causal_algorithms_fn`` when
         causal (without the mask they compute what ``algorithms_fn`` does)."""
         return self.algorithms_fn + (self.causal_algorithms_fn if causal else ())
+
+    def orders_for(self, causal: bool) -> tuple[str, ...]:
+        """The production algorithms (``common.evaluation_order``: recurrent, chunked) that evaluating the
+        definition in an evaluation order reaches besides the definition's own, found once per mode by
+        evaluating it on a small input; () for a definition that uses none of the shared products."""
+        key = (self.name, causal, id(self.reference_fn))
+        if key not in _ORDERS_TAKEN:
+            from .common import ORDERS, evaluation_order
+
+            B, H, N, d = 1, 1, 3, 2
+            q, k, v = (np.full((B, H, N, d), x) for x in (0.5, 0.25, 1.0))
+            dims = {"B": B, "H": H, "N": N, "dk": d, "dv": d, "m": 4}
+            extras = draw_extras(self.inputs, dims, dtype="float64", seed=0)
+            taken = []
+            for order in ORDERS:
+                with evaluation_order(order) as used, np.errstate(all="ignore"):
+                    self.reference(q, k, v, causal=causal, **extras)
+                if used[0]:
+                    taken.append(order)
+            _ORDERS_TAKEN[key] = tuple(taken)
+        return _ORDERS_TAKEN[key]
 
     def _run(
         self, fn: Callable[..., Any], q: Any, k: Any, v: Any, causal: bool, arith: Any, kwargs: Mapping[str, Any]

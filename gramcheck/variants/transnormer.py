@@ -23,7 +23,7 @@ from ..forms import linear_recurrence
 from ..hyperparams import scale_value
 from ..torch_arith import TORCH
 from ..validation import check_positive_int
-from .common import causal_keep, kernel_matrix, masked_softmax, rms_normalise
+from .common import causal_keep, kernel_product, masked_softmax, rms_normalise
 from .linear import LINEAR_FORMS, features
 from .softmax import ROW_STOCHASTIC
 from .softmax import jacobian as softmax_jacobian
@@ -44,7 +44,7 @@ def reference_norm(
     ar: Any, q: Any, k: Any, v: Any, *, causal: bool, feature: str, norm: str, gain: float, norm_eps: float
 ) -> Any:
     phi = elementwise(feature)
-    u = ar.matmul(kernel_matrix(ar, phi(ar, q), phi(ar, k), causal), v)
+    u = kernel_product(ar, phi(ar, q), phi(ar, k), v, causal)
     return _output_norm(ar, u, norm, gain, norm_eps)
 
 
@@ -119,7 +119,7 @@ def reference_diag_subtracted(ar: Any, q: Any, k: Any, v: Any, *, causal: bool, 
     """tau (A V - diag(A) V): the diagonal is subtracted, as the write-ups define it."""
     phi = elementwise(feature)
     fq, fk = phi(ar, q), phi(ar, k)
-    full = ar.matmul(kernel_matrix(ar, fq, fk, causal), v)
+    full = kernel_product(ar, fq, fk, v, causal)
     return (full - ar.sum(fq * fk, axis=-1, keepdims=True) * v) * tau
 
 
