@@ -6,8 +6,9 @@ rule, FAVOR+'s linear form, ``Variant.algorithms_for``; and the recurrent and ch
 linear attention that its definition reaches, ``Variant.orders_for``), and where that algorithm's
 intermediates fall into the subnormals (or, for a target that flushes, below the smallest normal:
 ``arith.subnormals``) it errs by absolute amounts, up to eta / 2 per subnormal result times the
-coefficients that carry it to the output, that the definition's rounding model does not see (Gated DeltaNet's chunked algorithm forms a cumulative decay of
-e^-103 and multiplies it by a state 190 times its updates). The underflow share of algorithm A is
+coefficients that carry it to the output, that the definition's rounding model does not see (Gated
+DeltaNet's chunked algorithm forms a cumulative decay of e^-103 and multiplies it by a state 190 times its
+updates). The underflow share of algorithm A is
 
     U_A = R_A(u, eta) - R_A(u, 0),
 

@@ -15,13 +15,17 @@ from .torch_arith import TorchArith
 
 
 class TorchDefinition(TorchArith):
-    """``TorchArith`` whose constants and fresh arrays are tensors of ``dtype`` on ``device``."""
+    """``TorchArith`` whose constants and fresh arrays are tensors of ``dtype`` on ``device``.
+    ``carried_shift``: a stabilising maximum (``stop_max``) carries its gradient, for the other gradient
+    convention of a stabiliser that does not cancel (FAVOR+ with feature_eps > 0: performer-pytorch holds
+    the shift constant, a plain autograd implementation differentiates through it)."""
 
-    def __init__(self, dtype: Any, device: Any = "cpu"):
+    def __init__(self, dtype: Any, device: Any = "cpu", carried_shift: bool = False):
         import torch
 
         self.dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
         self.device = device
+        self.carried_shift = carried_shift
 
     def __repr__(self) -> str:
         return f"<Arith torch {self.dtype}>"
@@ -92,4 +96,9 @@ class TorchDefinition(TorchArith):
 
         if keep is not None and not isinstance(keep, torch.Tensor):
             keep = torch.as_tensor(np.asarray(keep, dtype=bool), device=x.device)
-        return super().stop_max(x, axis, keep)
+        held = super().stop_max(x, axis, keep)
+        if not self.carried_shift:
+            return held
+        y = x if keep is None else x.masked_fill(~keep, -np.inf)
+        top = y.amax(dim=(axis,) if isinstance(axis, int) else tuple(axis), keepdim=True)
+        return torch.where(torch.isfinite(top), top, torch.zeros_like(top))

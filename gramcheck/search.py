@@ -55,7 +55,7 @@ class Domain:
     kinds: tuple[str, ...] | None = None
     max_n: int | None = None
     max_d: int | None = None
-    max_b: int = 1
+    max_b: int = 2  # two batch rows: a kernel's per-batch offsets (states, pointers) are reached
     max_h: int = 2
     examples: int | None = None
     min_n: int = 1

@@ -365,3 +365,17 @@ def gla_state_as_dv_dk(q, k, v, *, causal, g, initial_state=None, output_final_s
         q, k, v, causal=True, g=g, initial_state=initial_state, output_final_state=output_final_state
     )
     return (res[0], res[1].transpose(-1, -2)) if output_final_state else res
+
+
+def softmax_scaled_after_product(q, k, v, *, causal):
+    """softmax((Q K^T) s) V with Q K^T formed in the input dtype before the scale, as the definition writes
+    it (ultralytics/ultralytics#24990): in float16 |q.k| past 65504 is inf before s brings it into range."""
+    import math
+
+    import torch
+
+    logits = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    if causal:
+        n = q.shape[-2]
+        logits = logits.masked_fill(~torch.ones(n, n, dtype=torch.bool, device=q.device).tril(), -math.inf)
+    return torch.softmax(logits, dim=-1) @ v

@@ -40,3 +40,25 @@ def softmax_with_custom_backward(q, k, v, *, causal):
                 return torch.autograd.grad(out, (q, k, v), grad)
 
     return _Attention.apply(q, k, v)
+
+
+def softmax_sdpa(q, k, v, *, causal):
+    """torch's scaled_dot_product_attention (its math reference scales Q and K by sqrt(s) each)."""
+    import torch.nn.functional as F
+
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+
+PERFORMER_EPS = {"feature_eps": 1e-2, "shift": "projection"}
+
+
+def performer_shift_carried(q, k, v, *, causal, projection):
+    """FAVOR+ (positive features, feature_eps 1e-2, projection shift) differentiated through its
+    stabilising maximum, which with feature_eps > 0 does not cancel: plain autograd of the formula, the
+    other gradient convention to performer-pytorch's detached shift."""
+    from gramcheck.autodiff import TorchDefinition
+
+    var = V.get("performer-positive")
+    ar = TorchDefinition(q.dtype, device=q.device, carried_shift=True)
+    params = var.resolve_params(PERFORMER_EPS)
+    return var.reference_fn(ar, q, k, v, causal=causal, projection=projection, **params)

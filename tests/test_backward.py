@@ -195,3 +195,33 @@ def test_gradients_the_dtype_cannot_hold_in_the_definition_either_are_not_the_ta
     assert f.passed, f
     r = check(retnet_nan_backward, "retnet", causal=True, properties=["finite-gradients"], domain=DOMAIN)
     assert not r.findings[0].passed and r.findings[0].details["shared_with_definition"]["q"] == 0, r.summary()
+
+
+def test_a_stabiliser_that_does_not_cancel_is_judged_in_either_gradient_convention():
+    """FAVOR+ with feature_eps > 0: the shift no longer cancels, so differentiating through it (plain
+    autograd) and holding it constant (performer-pytorch) are both correct conventions. Each passes, judged
+    against its own; the carried one measured against the held reference alone fails."""
+    from correct_lowprec import PERFORMER_EPS, performer_shift_carried
+
+    from gramcheck.api import check, make_target
+    from gramcheck.precision import round_to
+    from gramcheck.properties.backward import _judge_gradients, definition_gradients, differentiable
+    from gramcheck.strategies import AttentionInputs
+
+    dom = {"max_n": 8, "max_d": 4, "examples": 4}
+    for fn, convention in ((performer_shift_carried, "shift carried"), ("builtin:performer-positive", "shift held")):
+        r = check(fn, "performer-positive", causal=True, params=PERFORMER_EPS, properties=["backward-agreement"],
+                  domain=dom, seed=0)  # fmt: skip
+        f = r["backward-agreement"]
+        assert f.passed and f.details.get("gradient_convention") == convention, (fn, f)
+    t = make_target(performer_shift_carried, "performer-positive", params=PERFORMER_EPS)
+    rng = np.random.default_rng(3)
+    q, k, v = (round_to(rng.standard_normal((1, 1, 3, 2)), "float32") for _ in range(3))
+    projection = round_to(rng.standard_normal((4, 2)), "float32")
+    ex = AttentionInputs(q, k, v, {"projection": projection}, kind="gaussian", dtype="float32")
+    arrays = {"q": q, "k": k, "v": v, **ex.extras}
+    names = differentiable(t, ex)
+    w = np.ones(v.shape)
+    held = definition_gradients(t, arrays, names, w, None, causal=True, dtype="float64")
+    f = _judge_gradients(t, ex, arrays, names, w, None, held, causal=True)
+    assert f is not None and not f.passed, f

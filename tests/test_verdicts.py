@@ -344,3 +344,27 @@ def test_trigonometric_favor_in_float32_is_judged_against_a_float32_accumulator(
     off = out * (1 + 0.03)  # a target 3% off on every entry still fails
     kw = dict(causal=True, dtype="float32", projection=w, **params)
     assert not check_agreement("agreement", off, var, q, k, v, **kw).passed
+
+
+def test_float16_softmax_overflowing_before_its_scale_fails_where_a_standard_algorithm_stays_in_range():
+    """|q.k| = 2^17 > 65504 while s q.k = 2^15 (d = 16): the definition's order overflows float16, the
+    scaled-queries order (softmax.scaled_queries) does not, so the overflow is no excuse for the target
+    (ultralytics/ultralytics#24990); the builtin (queries scaled first) and torch's SDPA pass."""
+    from broken import softmax_scaled_after_product
+    from correct_lowprec import softmax_sdpa
+
+    from gramcheck.agreement import check_agreement
+    from gramcheck.api import make_target
+
+    rng = np.random.default_rng(0)
+    q = np.full((1, 1, 4, 16), 2.0**6) * np.sign(rng.standard_normal((1, 1, 4, 16)))
+    k = q.copy()
+    v = rng.standard_normal((1, 1, 4, 16)).astype(np.float16).astype(np.float64)
+    verdicts = {}
+    for fn in (softmax_scaled_after_product, softmax_sdpa, "builtin:softmax"):
+        t = make_target(fn, "softmax", dtype="float16")
+        out = t(q, k, v, causal=True)
+        f = check_agreement("agreement", out, "softmax", q, k, v, causal=True, dtype="float16")
+        verdicts[getattr(fn, "__name__", fn)] = (f.passed, f.measured)
+    assert not verdicts["softmax_scaled_after_product"][0] and verdicts["softmax_scaled_after_product"][1] == np.inf
+    assert verdicts["softmax_sdpa"][0] and verdicts["builtin:softmax"][0], verdicts

@@ -80,11 +80,13 @@ def definition_gradients(
     causal: bool,
     dtype: str,
     fn: Any = None,
+    carried_shift: bool = False,
 ) -> dict[str, np.ndarray]:
     """Gradients of L = <W, o> (+ <W_S, S_N>) through the variant's definition (or its other standard
-    algorithm ``fn``, one of ``Variant.algorithms_for``) evaluated in ``dtype``."""
+    algorithm ``fn``, one of ``Variant.algorithms_for``) evaluated in ``dtype``; ``carried_shift``: with
+    the gradient through its stabilising maxima (``TorchDefinition``)."""
     torch = _torch()
-    ar = TorchDefinition(dtype)
+    ar = TorchDefinition(dtype, carried_shift=carried_shift)
     t = {n: ar.asarray(x).requires_grad_(n in names) for n, x in arrays.items()}
     with torch.enable_grad():
         res = _run_definition(target, ar, t, causal=causal, fn=fn)
@@ -212,6 +214,34 @@ def backward_agreement(target: Target, ex: AttentionInputs, *, causal: bool) -> 
     ref = definition_gradients(target, arrays, names, w, ws, causal=causal, dtype="float64")
     if not all(np.all(np.isfinite(g)) for g in ref.values()):
         return None  # the exact gradient is not finite here: outside the domain
+    # a stabiliser that does not cancel has two gradient conventions: judged against the nearer one
+    carried = definition_gradients(target, arrays, names, w, ws, causal=causal, dtype="float64", carried_shift=True)
+    refs = {"shift held": ref}
+    if any(not np.allclose(carried[n], ref[n], rtol=1e-12, atol=0.0) for n in names):
+        refs["shift carried"] = carried
+    findings = {c: _judge_gradients(target, ex, arrays, names, w, ws, r, causal=causal) for c, r in refs.items()}
+    judged = {c: f for c, f in findings.items() if f is not None}
+    if not judged:
+        return None
+    convention = min(judged, key=lambda c: judged[c].measured)
+    best = judged[convention]
+    if len(refs) > 1:
+        best.details["gradient_convention"] = convention
+    return best
+
+
+def _judge_gradients(
+    target: Target,
+    ex: AttentionInputs,
+    arrays: dict[str, np.ndarray],
+    names: list[str],
+    w: np.ndarray,
+    ws: np.ndarray | None,
+    ref: dict[str, np.ndarray],
+    *,
+    causal: bool,
+) -> Finding | None:
+    """``backward_agreement``'s judgment against the reference gradients ``ref``."""
     naive = [
         definition_gradients(target, arrays, names, w, ws, causal=causal, dtype=target.dtype, fn=fn)
         for fn in (None, *target.variant.algorithms_for(causal))

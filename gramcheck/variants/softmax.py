@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ..arith import F64
 from ..hyperparams import scale_value
 from ..torch_arith import TORCH
 from .common import attention_matrix, causal_keep, masked_softmax
@@ -36,8 +37,24 @@ def jacobian(var: Any, q: Any, k: Any, v: Any, *, causal: bool, params: Any, ext
 
 def reference(ar: Any, q: Any, k: Any, v: Any, *, causal: bool, scale: Any) -> Any:
     s = scale_value(ar, scale, q.shape[-1])
-    logits = ar.matmul(q, ar.mT(k)) * s
-    keep = causal_keep(q.shape[-2]) if causal else None
+    return _attend(ar, ar.matmul(q, ar.mT(k)) * s, v, causal)
+
+
+def scaled_queries(ar: Any, q: Any, k: Any, v: Any, *, causal: bool, scale: Any) -> Any:
+    """softmax((s Q) K^T) V: the scale applied to the queries before the product (xformers' and many
+    models' attention), whose logits stay in range where Q K^T alone overflows float16."""
+    s = scale_value(ar, scale, q.shape[-1])
+    return _attend(ar, ar.matmul(q * s, ar.mT(k)), v, causal)
+
+
+def split_scale(ar: Any, q: Any, k: Any, v: Any, *, causal: bool, scale: Any) -> Any:
+    """softmax((sqrt(s) Q) (sqrt(s) K)^T) V: torch's math reference of scaled_dot_product_attention."""
+    r = ar.sqrt(ar.const(scale_value(F64, scale, q.shape[-1])))
+    return _attend(ar, ar.matmul(q * r, ar.mT(k * r)), v, causal)
+
+
+def _attend(ar: Any, logits: Any, v: Any, causal: bool) -> Any:
+    keep = causal_keep(logits.shape[-1]) if causal else None
     return ar.matmul(masked_softmax(ar, logits, keep), v)
 
 
@@ -45,7 +62,7 @@ def torch_forward(q: Any, k: Any, v: Any, *, causal: bool, form: str, chunk_size
     import torch
 
     s = scale_value(TORCH, scale, q.shape[-1])
-    logits = (q @ k.transpose(-1, -2)) * s
+    logits = (q * s) @ k.transpose(-1, -2)  # scaled first: Q K^T alone can overflow float16 (scaled_queries)
     if causal:
         n = q.shape[-2]
         mask = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
@@ -65,5 +82,6 @@ VARIANTS = [
         reference_fn=reference,
         torch_fn=torch_forward,
         jacobian_fn=jacobian,
+        algorithms_fn=(scaled_queries, split_scale),
     )
 ]

@@ -1,0 +1,40 @@
+"""The bug set of benchmarks/bugset (real bugs from peers' trackers with their upstream-fixed twins) is
+well formed: unique ids, a tracker thread each, a known variant, and a fixed twin that computes the
+variant's definition (float64, across a chunk boundary, two batch rows and heads). Whether gramcheck
+catches the bugs is measured by benchmarks/bugset/run.py (benchmarks/RESULTS.md), not asserted here."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from benchmarks.bugset.run import cases
+from gramcheck import variants
+from gramcheck.inputs import draw_extras
+
+CASES = cases()
+
+
+def test_the_bug_set_is_well_formed():
+    assert len(CASES) >= 30
+    assert len({c.id for c in CASES}) == len(CASES)
+    assert len({c.source for c in CASES}) == len(CASES)
+    for c in CASES:
+        assert c.source.startswith("https://github.com/"), c.id
+        assert c.variant in variants.names(), c.id
+        assert c.buggy is not c.fixed and c.summary, c.id
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_the_fixed_twin_computes_the_definition(case):
+    var = variants.get(case.variant)
+    rng = np.random.default_rng(0)
+    B, H, N, d = 2, 2, 70, 4
+    q, k, v = (rng.standard_normal((B, H, N, d)) for _ in range(3))
+    extras = draw_extras(var.inputs, {"B": B, "H": H, "N": N, "dk": d, "dv": d, "m": 8}, dtype="float64", seed=1)
+    ref = var.reference(q, k, v, causal=case.causal, **extras, **case.params)
+    tensors = {n: torch.as_tensor(x) for n, x in {"q": q, "k": k, "v": v, **extras}.items()}
+    with torch.no_grad():
+        out = case.fixed(causal=case.causal, **tensors)
+    np.testing.assert_allclose(out.numpy(), ref, rtol=1e-9, atol=1e-12 * np.max(np.abs(ref)))
