@@ -379,10 +379,10 @@ def _judge(
 ) -> _Judged:
     """The Finding of ``check_agreement`` on the truth ``t``, every error counted at its worst over the
     truth's bound; entries within ``reach`` of flushing (``flushing_reach`` at least their |truth|) are
-    not judged."""
+    held to their bounds but say nothing of the output's accuracy: they are not counted as informative."""
     rule_open = False
     flushed = ~t.undefined & (reach > 0) & ~(reach < np.abs(t.value))
-    defined = ~t.undefined & ~flushed
+    defined = ~t.undefined
     mag = slice_magnitude(np.where(defined, t.value, 0.0), v)
     err = np.abs(out - t.value) + t.bound  # worst case over the truth's own uncertainty
     err = np.where(np.isnan(err), np.inf, err)
@@ -472,11 +472,14 @@ def _judge(
             "worst_index": list(worst_at) if worst_at is not None else None,
         }
     )
-    informative = int((wc & (bound > 0)).sum()) + int((pr & (pbound > 0)).sum()) + lp_count
+    informative = int((wc & (bound > 0) & ~flushed).sum()) + int((pr & (pbound > 0) & ~flushed).sum()) + lp_count
     n_flushed = int(flushed.sum())
     if n_flushed:
         details["flushed_entries"] = n_flushed
-        details["note"] = f"{n_flushed} entries within reach of flushing (its charges reach their magnitude) not judged"
+        details["note"] = (
+            f"{n_flushed} entries within reach of flushing (its charges reach their magnitude): held to their "
+            "bounds, not judged for accuracy"
+        )
     if (unbounded or n_flushed) and not informative:  # only exact entries, or none, were judged: the pass says nothing
         details["unjudged"] = ["output"]
         floor = f"{unbounded} at the dtype's noise floor or unbounded"

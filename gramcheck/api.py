@@ -40,6 +40,11 @@ def make_target(
     ``subnormals``: 'flush' for a target whose arithmetic flushes results below the smallest normal to
     zero (``arith.subnormals``). A Target is returned as it is."""
     if isinstance(target, Target):
+        if subnormals != "gradual" and subnormals != target.subnormals:
+            raise ValueError(
+                f"subnormals: got {subnormals!r} for a Target declared {target.subnormals!r}; expected the "
+                "Target's own declaration (make_target(..., subnormals=...))"
+            )
         return target
     fn, name = resolve(target)
     _check_device(device)

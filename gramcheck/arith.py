@@ -436,7 +436,9 @@ class BallArith(Arith):
         may = lowest < self._tiny
         for x in operands:
             may &= self._nonzero(x)
-        return may * self._underflow_errors(1 if self._flush else ulps)
+        if self._flush:  # a flushed result errs by its own magnitude: at most a + carried, and below tiny
+            return may * np.minimum(self._underflow_errors(1), a + carried)
+        return may * self._underflow_errors(ulps)
 
     def _underflow_errors(self, count: Any) -> Any:
         """The most ``count`` underflowing results err together, rounded up: count * eta / 2 under gradual
@@ -489,8 +491,9 @@ class BallArith(Arith):
         y = a.mid + b.mid
         r = a.rad + b.rad + self.b.u * np.abs(y)
         if self._flush and self._eta:  # a sum that cancels below tiny is flushed (gradual: exact)
-            may = (np.abs(y) - (a.rad + b.rad) < self._tiny) & (self._nonzero(a) | self._nonzero(b))
-            r = r + self._underflow_errors(may)
+            carried = a.rad + b.rad
+            may = (np.abs(y) - carried < self._tiny) & (self._nonzero(a) | self._nonzero(b))
+            r = r + may * np.minimum(self._underflow_errors(1), np.abs(y) + carried)
         return Ball(self, y, self._inflate(r, 3))
 
     def _mul(self, a: Ball, b: Ball) -> Ball:
@@ -672,7 +675,8 @@ class BallArith(Arith):
         whose products may fall below tiny (judged from the least |a_il| and |b_lj| of its row and column),
         and for each nonzero product but one where the products may differ in sign (a partial sum that
         cancels below tiny is flushed; products of one sign, each 0 or at least tiny once flushed, have
-        partial sums 0 or at least tiny); proofs/fp-forward-error.md, "Flushing kernels"."""
+        partial sums 0 or at least tiny); each charge at most what it flushes, sum_l |a_il| |b_lj|
+        (proofs/fp-forward-error.md, "Flushing kernels")."""
         nz = self._nonzero_products(a, b, n)
         low_a = np.where(self._nonzero(a), np.maximum(np.abs(a.mid) - a.rad, 0.0), np.inf)
         low_b = np.where(self._nonzero(b), np.maximum(np.abs(b.mid) - b.rad, 0.0), np.inf)
@@ -680,7 +684,12 @@ class BallArith(Arith):
         with np.errstate(invalid="ignore"):
             small = (row[..., :, None] * col[..., None, :]) < self._tiny
         additions = 0.0 if self._one_sign(a) and self._one_sign(b) else np.maximum(nz - 1.0, 0.0)
-        return self._underflow_errors(nz * small + additions)
+        # a flushed product or partial sum errs by its own magnitude: the products together, and each partial
+        # sum, at most sum_l |a_il| |b_lj| (the balls' upper ends)
+        most = np.matmul(np.abs(a.mid) + a.rad, np.abs(b.mid) + b.rad)
+        with np.errstate(invalid="ignore"):
+            products = np.minimum(self._underflow_errors(nz * small), most)
+            return products + additions * np.minimum(self._underflow_errors(1), most)
 
     def _one_sign(self, x: Ball) -> bool:
         """Whether every number of every ball of x has one sign (zeros included)."""
@@ -693,13 +702,16 @@ class BallArith(Arith):
             return 0.0
         nz = self._nonzero(x)
         up, down = nz & (x.mid + x.rad > 0), nz & (x.mid - x.rad < 0)
+        upper = np.abs(x.mid) + x.rad  # a flushed partial sum errs by its magnitude, at most the terms' sum
         if cumulative:
             count = np.cumsum(nz, axis=axis, dtype=np.float64)
             mixed = np.logical_or.accumulate(up, axis=axis) & np.logical_or.accumulate(down, axis=axis)
+            most = np.cumsum(upper, axis=axis)
         else:
             count = np.sum(nz, axis=axis, dtype=np.float64)
             mixed = np.any(up, axis=axis) & np.any(down, axis=axis)
-        return self._underflow_errors(mixed * np.maximum(count - 1.0, 0.0))
+            most = np.sum(upper, axis=axis)
+        return mixed * np.maximum(count - 1.0, 0.0) * np.minimum(self._underflow_errors(1), most)
 
 
 SUBNORMALS = ("gradual", "flush")

@@ -379,3 +379,13 @@ def softmax_scaled_after_product(q, k, v, *, causal):
         n = q.shape[-2]
         logits = logits.masked_fill(~torch.ones(n, n, dtype=torch.bool, device=q.device).tril(), -math.inf)
     return torch.softmax(logits, dim=-1) @ v
+
+
+def gla_states_of_the_first_batch_row(q, k, v, *, causal, g, initial_state=None, output_final_state=False):
+    """GLA whose state kernel misses the batch offset (RWKV-LM#241, fla's i_bh/i_nh pointer fixes): every
+    batch row starts from row 0's initial state and returns row 0's final state; right when B = 1."""
+    s0 = None if initial_state is None else initial_state[:1].expand_as(initial_state)
+    res = _gla_with_state(q, k, v, g, s0, output_final_state)
+    if output_final_state:
+        return res[0], res[1][:1].expand_as(res[1]).clone()
+    return res

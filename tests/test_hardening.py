@@ -229,3 +229,21 @@ def test_verify_reports_a_changed_target(tmp_path, monkeypatch):
 def test_domain_is_recorded():
     d = Domain(kinds=["gaussian"], max_n=5)
     assert d.to_dict()["kinds"] == ["gaussian"] and d.to_dict()["max_n"] == 5
+
+
+def test_replacing_tokens_stays_within_a_float16_range():
+    """causality and packing-isolation replace tokens by N(0, 1) (1 + max|x|): near float16's 65504 that
+    overflowed to inf, and the check failed correct targets with an internal error (the bug set's
+    ultralytics#24990 fixed twin)."""
+    import numpy as np
+
+    from gramcheck.precision import round_to
+    from gramcheck.properties.invariants import causality
+    from gramcheck.strategies import AttentionInputs
+    from gramcheck.targets import builtin
+
+    rng = np.random.default_rng(0)
+    q, k, v = (round_to(np.clip(rng.standard_normal((1, 1, 8, 4)) * 3e4, -6e4, 6e4), "float16") for _ in range(3))
+    ex = AttentionInputs(q, k, v, {}, kind="large-magnitude", dtype="float16")
+    f = causality(builtin("softmax", dtype="float16"), ex, causal=True)
+    assert f is not None and f.passed and f.failure is None, f

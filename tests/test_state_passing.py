@@ -118,3 +118,15 @@ def test_a_state_larger_than_its_updates_is_rounded_every_token(name, monkeypatc
     target = builtin(name, dtype="float32", form="recurrent")
     f = P.get("state-agreement").fn(target, AttentionInputs(q, k, v, {}, dtype="float32"), causal=True)
     assert f.passed and f.measured > 0.05, f
+
+
+def test_a_state_kernel_missing_its_batch_offset_fails_the_default_domain():
+    """Right at B = 1, wrong at B >= 2: the default domain draws two batch rows (Domain.max_b = 2)."""
+    from broken import gla_states_of_the_first_batch_row
+
+    r = check(gla_states_of_the_first_batch_row, "gla", causal=True, properties=["state-agreement"], seed=0)
+    f = r.findings[0]
+    assert not f.passed and f.measured > 10 and f.counterexample["shape"][0] == 2, r.summary()
+    one = check(gla_states_of_the_first_batch_row, "gla", causal=True, properties=["state-agreement"],
+                domain={"max_b": 1}, seed=0)  # fmt: skip
+    assert one.passed, one.summary()

@@ -442,8 +442,9 @@ def _flushing_case(name: str, form: str):
 def test_flushing_forms_pass_when_declared_and_fail_under_gradual_underflow(name, form):
     """The forms' states flush (k v^T near 2^-126) where the definition's products do not: gradual
     underflow's bound fails these correct outputs by > 10^4; declared flushing passes them through the
-    production orders' share (``Variant.orders_for``); an output 30% off fails wherever flushing cannot
-    reach an entry's magnitude, and where it can (RetNet here) no entry is judged and the Finding says so."""
+    production orders' share (``Variant.orders_for``). An output 30% off fails wherever flushing cannot
+    reach an entry's magnitude; where it can (638 of RetNet's 640 entries here: a correct flushing kernel
+    errs 12%) it passes within the bound and the Finding counts those entries; NaN fails everywhere."""
     from gramcheck.oracle import truth
 
     out, agreement, (q, k, v, ex, t) = _flushing_case(name, form)
@@ -451,14 +452,59 @@ def test_flushing_forms_pass_when_declared_and_fail_under_gradual_underflow(name
     assert not f.passed and f.measured > 1e4, f
     with subnormals("flush"):
         f = agreement(out)
-        assert f.passed, f
-        wrong = agreement(truth(t.variant, q, k, v, causal=True, **ex, **t.params).value * 1.3)
+        assert f.passed and f.measured > 0.01, f
+        tr = truth(t.variant, q, k, v, causal=True, **ex, **t.params).value
+        wrong, nan = agreement(tr * 1.3), agreement(np.full_like(tr, np.nan))
+    assert not nan.passed and nan.measured == np.inf, nan
     if name == "retnet":
-        assert f.details["unjudged"] == ["output"] and f.details["flushed_entries"] == out.size, f.details
-        assert wrong.passed and wrong.details["unjudged"] == ["output"], wrong.details
+        assert f.details["flushed_entries"] > 0.9 * out.size and "reach of flushing" in f.details["note"], f.details
+        assert wrong.passed and wrong.details["flushed_entries"] > 0.9 * out.size, wrong.details
     else:
-        assert f.details["judged_by"]["worst-case"] > 0 and f.measured > 0.01, f
+        assert f.details["judged_by"]["worst-case"] > 0, f
         assert not wrong.passed and wrong.measured > 3, wrong
+
+
+@pytest.mark.parametrize("name", ["mamba2", "gla", "linear-unnormalised"])
+def test_a_flushing_charge_is_at_most_what_it_flushes(name):
+    """A result far below 2^-126 errs by its own magnitude when flushed, not by 2^-126: exp(-100) after a
+    state of 2^123 (mamba2, GLA: o_1 = 1 + 4e-7), and q k = 2^-200 before v = 2^121 (identity features:
+    o_1 = 1). Charged 2^-126 each, outputs 1% off passed at 0.08 (a hostile review); charged
+    min(2^-126, their magnitude) they fail, and the correct flushing kernels pass."""
+    from gramcheck.oracle import truth
+    from gramcheck.precision import round_to
+
+    if name == "linear-unnormalised":
+        q = np.array([1.0, 2.0**-100]).reshape(1, 1, 2, 1)
+        k = np.array([2.0**-100, 2.0**100]).reshape(1, 1, 2, 1)
+        v = np.array([2.0**121, 1.0]).reshape(1, 1, 2, 1)
+        t, ex = builtin(name, form="recurrent", dtype="float32", feature="identity"), {}
+    else:
+        q = k = np.ones((1, 1, 3, 1))
+        v = np.array([2.0**123, 1.0, 1.0]).reshape(1, 1, 3, 1)
+        g = np.array([0.0, -100.0, 0.0]).reshape((1, 1, 3, 1) if name == "gla" else (1, 1, 3))
+        t, ex = builtin(name, form="recurrent", dtype="float32"), {"g": round_to(g, "float32")}
+    if not torch.set_flush_denormal(True):
+        pytest.skip("this CPU cannot flush denormals")
+    try:
+        out = t(q, k, v, causal=True, **ex)
+    finally:
+        torch.set_flush_denormal(False)
+    tr = truth(t.variant, q, k, v, causal=True, **ex, **t.params).value
+    with subnormals("flush"):
+        f = A.check_agreement("agreement", out, t.variant, q, k, v, causal=True, dtype="float32", **ex, **t.params)
+        wrong = tr.copy()
+        wrong[..., 1:, :] *= 1.01
+        w = A.check_agreement("agreement", wrong, t.variant, q, k, v, causal=True, dtype="float32", **ex, **t.params)
+    assert f.passed, f
+    assert not w.passed and w.measured > 100, w
+
+
+def test_a_target_keeps_its_own_underflow_declaration():
+    from gramcheck.api import check
+
+    t = builtin("retnet", dtype="float32")
+    with pytest.raises(ValueError, match="subnormals: got 'flush'"):
+        check(t, causal=True, subnormals="flush", properties=["agreement"])
 
 
 def test_the_orders_of_a_definition_equal_it_in_exact_arithmetic():
@@ -484,6 +530,36 @@ def test_the_orders_of_a_definition_equal_it_in_exact_arithmetic():
                 ok = np.isfinite(ref)
                 np.testing.assert_allclose(got[ok], ref[ok], rtol=1e-9, atol=1e-12 * np.max(np.abs(ref[ok])))
             reached[var.name, causal] = var.orders_for(causal)
-    assert reached["retnet", True] == ("recurrent", "chunked") and reached["gla", True] == ("chunked",)
+    assert reached["retnet", True] == ("recurrent", "chunked", "chunked-factored")
+    assert reached["gla", True] == ("chunked",) and reached["mamba2", True] == ("chunked", "chunked-factored")
     assert reached["softmax", True] == () and reached["rwkv6", True] == () and reached["deltanet", True] == ()
     assert reached["linear-elu", False] == ("recurrent",)
+    assert reached["performer-positive", True] == ()  # its linear form is listed (algorithms_for)
+
+
+@pytest.mark.parametrize("name", ["retnet", "mamba2"])
+def test_chunked_forms_that_factor_a_scalar_decay_into_the_queries_pass_when_declared(name):
+    """The builtin chunked form (as fla's chunked simple-GLA) computes (q_t P_t) . (k_s / P_s): with q just
+    above 2^-126 and a mild decay, q_t P_t flushes and every output is lost, where the per-pair scores of
+    the plain chunked order stay normal. The 'chunked-factored' order charges it: the output passes, each
+    entry counted within reach of flushing (a hostile review's false alarm at 1.67e5)."""
+    from gramcheck.inputs import draw_extras
+    from gramcheck.precision import round_to
+
+    t = builtin(name, form="chunked", dtype="float32")
+    ex = draw_extras(t.variant.inputs, {"B": 1, "H": 1, "N": 40, "dk": 4, "dv": 4}, dtype="float32", seed=0)
+    if "g" in ex:
+        ex["g"] = round_to(np.full(ex["g"].shape, -0.05), "float32")
+    q = round_to(np.full((1, 1, 40, 4), 1.2 * 2.0**-126 / (0.5 if name == "retnet" else 1.0)), "float32")
+    k = v = np.ones((1, 1, 40, 4))
+    if not torch.set_flush_denormal(True):
+        pytest.skip("this CPU cannot flush denormals")
+    try:
+        out = t(q, k, v, causal=True, **ex)
+    finally:
+        torch.set_flush_denormal(False)
+    assert np.mean(out == 0) > 0.5  # past the first rows every output is lost
+    assert "chunked-factored" in t.variant.orders_for(True)
+    with subnormals("flush"):
+        f = A.check_agreement("agreement", out, t.variant, q, k, v, causal=True, dtype="float32", **ex, **t.params)
+    assert f.passed and f.details["flushed_entries"] == out.size, f

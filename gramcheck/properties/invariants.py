@@ -11,10 +11,17 @@ import numpy as np
 
 from ..bounds import qknorm_weight_range, value_hull
 from ..findings import Finding
-from ..precision import round_to
+from ..precision import max_finite, round_to
 from ..strategies import AttentionInputs
 from ..targets import Target
 from .base import bound_of, guarded, ratio_finding
+
+
+def replacement(rng: np.random.Generator, shape: tuple[int, ...], x: np.ndarray, dtype: str) -> np.ndarray:
+    """Values to put in place of some of x's tokens: N(0, 1) times 1 + max|x|, kept within the dtype's
+    finite range (float16 inputs near 65504 would otherwise be replaced by infinities) and rounded to it."""
+    big = max_finite(dtype)
+    return round_to(np.clip(rng.standard_normal(shape) * (1 + np.abs(x).max()), -big, big), dtype)
 
 
 def _rng(ex: AttentionInputs, salt: str) -> np.random.Generator:
@@ -110,7 +117,7 @@ def causality(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding |
         extras[name] = np.clip(round_to(spec.future(x, t, rng), ex.dtype), spec.low, spec.high)
     fut = replace(ex, q=ex.q.copy(), k=ex.k.copy(), v=ex.v.copy(), extras=extras)
     for x in (fut.q, fut.k, fut.v):
-        x[..., t + 1 :, :] = round_to(rng.standard_normal(x[..., t + 1 :, :].shape) * (1 + np.abs(x).max()), ex.dtype)
+        x[..., t + 1 :, :] = replacement(rng, x[..., t + 1 :, :].shape, x, ex.dtype)
     if _undefined(target, ex, True) or _undefined(target, fut, True):
         return None
     o = target(ex.q, ex.k, ex.v, causal=True, **ex.extras)[..., : t + 1, :]

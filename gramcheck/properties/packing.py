@@ -22,7 +22,7 @@ from ..strategies import AttentionInputs
 from ..targets import Target
 from .backward import definition_gradients, differentiable, smooth_definition, target_gradients
 from .base import bound_of, guarded
-from .invariants import _rng, _undefined
+from .invariants import _rng, _undefined, replacement
 from .state import _diff, _segment, initial_state_of, parts_finding, state_bound
 
 BACKWARD_K = 2.0
@@ -188,7 +188,9 @@ def _packed_gradients(
 def packing_isolation(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding | None:
     """Replacing every token outside sequence i (q, k, v and per-token inputs) changes no output of
     sequence i, bit for bit (within the two runs' rounding bounds for a ``causal-rounding`` variant);
-    checked for every sequence."""
+    checked for every sequence. A state-passing target runs from nonzero initial states, one per
+    sequence, and sequence i's final state is held to the same (a state decayed by another sequence's
+    gates is a leak too)."""
     if not target.packs:
         return _not_declared("packing-isolation", target)
     ex = _row(ex)
@@ -196,14 +198,26 @@ def packing_isolation(target: Target, ex: AttentionInputs, *, causal: bool) -> F
     if n < 2:
         return None
     cu = cu_seqlens_of(ex, n)
-    base = target.run(ex.q, ex.k, ex.v, causal=causal, cu_seqlens=cu, **ex.extras)
+    stateful = "state-passing" in target.variant.tags(target.params) and target.passes_state
+    opts: dict[str, Any] = {}
+    if stateful:
+        segs = [_segment(ex, int(a), int(b)) for a, b in zip(cu[:-1], cu[1:], strict=True)]
+        s0 = np.concatenate([initial_state_of(target, s, f"isolation{i}") for i, s in enumerate(segs)], axis=0)
+        opts = {"initial_state": s0, "output_final_state": True}
+
+    def run(x: AttentionInputs) -> tuple[np.ndarray, np.ndarray | None]:
+        res = target.run(x.q, x.k, x.v, causal=causal, cu_seqlens=cu, **opts, **x.extras)
+        return (res[0], res[1]) if stateful else (res, None)
+
+    base, base_state = run(ex)
     rng = _rng(ex, "isolation")
     diffs = np.zeros_like(base)
+    state_diffs = None if base_state is None else np.zeros_like(base_state)
     # bit-exact, unless the variant is causal only up to rounding (a stabiliser that cancels in exact
     # arithmetic, as for the causality property): then within the two runs' rounding bounds
     rounding = "causal-rounding" in target.variant.declares
     tol = np.zeros_like(base)
-    for a, b in zip(cu[:-1], cu[1:], strict=True):
+    for i, (a, b) in enumerate(zip(cu[:-1], cu[1:], strict=True)):
         other = np.ones(n, dtype=bool)
         other[a:b] = False
         # only per-token arrays are copied (a copy of a shared input can change its memory layout, and
@@ -216,7 +230,7 @@ def packing_isolation(target: Target, ex: AttentionInputs, *, causal: bool) -> F
             extras={k: x.copy() for k, x in ex.extras.items()},
         )
         for x in (changed.q, changed.k, changed.v):
-            x[:, :, other] = round_to(rng.standard_normal(x[:, :, other].shape) * (1 + np.abs(x).max()), ex.dtype)
+            x[:, :, other] = replacement(rng, x[:, :, other].shape, x, ex.dtype)
         for name, x in changed.extras.items():
             spec = target.variant.input(name)
             if spec.per_token:  # redrawn by the input's own spec, within its range
@@ -224,17 +238,22 @@ def packing_isolation(target: Target, ex: AttentionInputs, *, causal: bool) -> F
                 x[:, :, other] = np.clip(round_to(fresh, ex.dtype), spec.low, spec.high)
         if _undefined(target, changed, causal):
             continue
-        out = target.run(changed.q, changed.k, changed.v, causal=causal, cu_seqlens=cu, **changed.extras)
+        out, state = run(changed)
+        if state_diffs is not None:  # sequence i's row of the final states
+            state_diffs[i] = _diff(state[i], base_state[i])
         if rounding:  # the bounds of the packed definition: each sequence from its own first token
             both = bound_of(target, ex, causal=causal, cu_seqlens=cu) + bound_of(
                 target, changed, causal=causal, cu_seqlens=cu
             )
             tol[:, :, a:b] = both[:, :, a:b]
         diffs[:, :, a:b] = _diff(out[:, :, a:b], base[:, :, a:b])  # equal infinities and NaN in both agree
+    parts = {"out": (diffs, tol)}
+    if state_diffs is not None:
+        parts["final_state"] = (state_diffs, np.zeros_like(state_diffs))
     return parts_finding(
         "packing-isolation",
         ex,
-        {"out": (diffs, tol)},
+        parts,
         token_axis={"out": 2},
         cu_seqlens=[int(c) for c in cu],
         mode="rounding" if rounding else "bit-exact",

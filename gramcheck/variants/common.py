@@ -10,7 +10,8 @@ from typing import Any
 
 import numpy as np
 
-ORDERS = ("recurrent", "chunked")
+ORDERS = ("recurrent", "chunked", "chunked-factored")
+CHUNKED = ("chunked", "chunked-factored")
 ORDER_CHUNK = 64  # the chunk of the chunked order (fla's BT)
 _ORDER: ContextVar[tuple[str, list[bool]] | None] = ContextVar("gramcheck_evaluation_order", default=None)
 
@@ -20,8 +21,10 @@ def evaluation_order(order: str) -> Iterator[list[bool]]:
     """Within the block the shared products of linear attention below (``kernel_product``,
     ``ref_normalised``, ``gated_recurrence``, ``linear_in_order``) evaluate the algorithm ``order`` of a
     production form instead of the definition's: 'recurrent' (the state S_t = diag(alpha_t) S_{t-1} +
-    k_t v_t^T token by token; phi(Q) (phi(K)^T V) when not causal) or 'chunked' (``chunked_gated_recurrence``
-    with chunks of ORDER_CHUNK tokens). Yields a one-element list that turns True when some product took
+    k_t v_t^T token by token; phi(Q) (phi(K)^T V) when not causal), 'chunked' (``chunked_gated_recurrence``
+    with chunks of ORDER_CHUNK tokens) or 'chunked-factored' (the same with a scalar decay factored into
+    the intra-chunk scores, (q_t P_t) . (k_s / P_s), as fla's chunked simple-GLA and the builtin chunked
+    form compute them; no other decay takes it). Yields a one-element list that turns True when some product took
     the order: a definition that uses none of them, or whose own algorithm is the order, evaluates
     itself. For the underflow those algorithms' intermediates have and the definition's do not
     (``algorithm_underflow``)."""
@@ -35,10 +38,10 @@ def evaluation_order(order: str) -> Iterator[list[bool]]:
         _ORDER.reset(token)
 
 
-def _order(takes: tuple[str, ...] = ORDERS) -> str | None:
-    """The order in effect where it is one of ``takes`` (marked as taken), else None."""
+def _order(takes: tuple[str, ...] = ORDERS, applies: bool = True) -> str | None:
+    """The order in effect where it is one of ``takes`` and ``applies`` (marked as taken), else None."""
     current = _ORDER.get()
-    if current is None or current[0] not in takes:
+    if current is None or current[0] not in takes or not applies:
         return None
     current[1][0] = True
     return current[0]
@@ -100,13 +103,18 @@ def linear_in_order(
     takes: tuple[str, ...] = ORDERS,
 ) -> Any:
     """The causal gated recurrence (``gated_recurrence``'s output, or (o, S_N)) by the evaluation order in
-    effect: token by token ('recurrent') or by chunks ('chunked'); None outside ``evaluation_order`` or
-    where the order is not one of ``takes`` (a recurrence's own definition is the recurrent order)."""
-    order = _order(takes)
+    effect: token by token ('recurrent') or by chunks ('chunked', 'chunked-factored' for a scalar decay);
+    None outside ``evaluation_order`` or where the order is not one of ``takes`` (a recurrence's own
+    definition is the recurrent order) or does not apply."""
+    scalar = alpha is not None and alpha.shape[-1] == 1
+    order = _order(takes, applies=_ORDER.get() is None or _ORDER.get()[0] != "chunked-factored" or scalar)
     if order is None:
         return None
-    if order == "chunked":
-        out, state = chunked_gated_recurrence(ar, q, k, v, alpha, ORDER_CHUNK, initial_state, with_state=True)
+    if order in CHUNKED:
+        factored = order == "chunked-factored"
+        out, state = chunked_gated_recurrence(
+            ar, q, k, v, alpha, ORDER_CHUNK, initial_state, with_state=True, factored=factored
+        )
     else:
         out, state = _recurrence(ar, q, k, v, alpha, initial_state)
     return (out, state) if output_final_state else out
@@ -119,7 +127,7 @@ def gated_recurrence(
     every gated linear recurrence), from S_0 = ``initial_state`` (B, H, d_k, d_v) or 0. alpha
     (B, H, N, d_k) or (B, H, N, 1), already exponentiated (None: no decay). Returns o (B, H, N, d_v), or
     (o, S_N) when ``output_final_state``."""
-    ordered = linear_in_order(ar, q, k, v, alpha, initial_state, output_final_state, takes=("chunked",))
+    ordered = linear_in_order(ar, q, k, v, alpha, initial_state, output_final_state, takes=CHUNKED)
     if ordered is not None:
         return ordered
     enclose = getattr(ar, "enclose_gated_recurrence", None)  # one radius rule for the whole recurrence
@@ -175,13 +183,15 @@ def chunked_gated_recurrence(
     chunk: int = 64,
     initial_state: Any = None,
     with_state: bool = False,
+    factored: bool = False,
 ) -> Any:
     """The output of ``gated_recurrence`` with decays alpha (B, H, N, 1) or (B, H, N, d_k) or None, by
     chunks of ``chunk`` tokens (the production algorithm of linear attention): per chunk, with incoming
     state S (``initial_state`` or 0 at the start), O = (P * Q) S + A V and S <- diag(P_c) S +
     (Gamma_c * K)^T V, where the intra-chunk scores are A = (Q K^T) * Gamma for scalar decays and
     A_ts = sum_j q_tj k_sj Gamma_tsj per channel (``chunk_decays``, one Gamma per channel). ``with_state``:
-    (o, S_N) (the padding of the last chunk has decay 1 and k = v = 0, so the last state is S_N)."""
+    (o, S_N) (the padding of the last chunk has decay 1 and k = v = 0, so the last state is S_N).
+    ``factored`` (scalar decays): A = (P * Q) (K / P)^T, the decay factored into queries and keys."""
     B, H, N, dk = q.shape
     dv = v.shape[-1]
     qc, kc, vc = (to_chunks(ar, x, chunk) for x in (q, k, v))
@@ -190,8 +200,11 @@ def chunked_gated_recurrence(
         scores, q_in, k_out, carry = ar.fill(ar.matmul(qc, ar.mT(kc)), incl, 0.0), qc, kc, None
     elif alpha.shape[-1] == 1:
         gamma, p_in = chunk_decays(ar, to_chunks(ar, alpha[..., 0], chunk, fill=1.0))
-        scores = ar.fill(ar.matmul(qc, ar.mT(kc)) * gamma, incl, 0.0)
         q_in, k_out, carry = qc * p_in[..., None], kc * gamma[..., chunk - 1, :, None], p_in[..., chunk - 1, None]
+        if factored:
+            scores = ar.fill(ar.matmul(q_in, ar.mT(ar.div(kc, p_in[..., None]))), incl, 0.0)
+        else:
+            scores = ar.fill(ar.matmul(qc, ar.mT(kc)) * gamma, incl, 0.0)
     else:  # channel j's decays: Gamma (B, H, n_chunks, d_k, c, c), P (B, H, n_chunks, d_k, c)
         gamma, p_in = chunk_decays(ar, ar.mT(to_chunks(ar, alpha, chunk, fill=1.0)))
         pairs = ar.mT(qc)[..., :, :, None] * ar.mT(kc)[..., :, None, :] * gamma

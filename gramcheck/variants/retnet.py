@@ -18,7 +18,7 @@ import numpy as np
 from ..forms import linear_recurrence
 from ..hyperparams import scale_value
 from ..torch_arith import TORCH
-from .common import ORDERS, causal_keep, gated_recurrence, linear_in_order, standardise
+from .common import CHUNKED, ORDERS, causal_keep, gated_recurrence, linear_in_order, standardise
 from .spec import Variant
 
 
@@ -59,7 +59,7 @@ def reference(
     s = scale_value(ar, scale, dk)
     alpha = ar.const(np.broadcast_to(head_gammas(H, gamma)[None, :, None, None], (B, H, N, 1)))
     stateful = initial_state is not None or output_final_state  # then the definition is the recurrent order
-    takes = ("chunked",) if stateful else ORDERS
+    takes = CHUNKED if stateful else ORDERS
     ordered = linear_in_order(ar, q * s, k, v, alpha, initial_state, True, takes) if causal else None
     if ordered is not None:  # a production form's algorithm (common.evaluation_order)
         out, final = ordered

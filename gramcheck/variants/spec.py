@@ -242,7 +242,11 @@ class Variant:
     def orders_for(self, causal: bool) -> tuple[str, ...]:
         """The production algorithms (``common.evaluation_order``: recurrent, chunked) that evaluating the
         definition in an evaluation order reaches besides the definition's own, found once per mode by
-        evaluating it on a small input; () for a definition that uses none of the shared products."""
+        evaluating it on a small input; () for a definition that uses none of the shared products, and
+        for a variant that lists its own other algorithms (``algorithms_for``: they are its production
+        algorithms, FAVOR+'s linear form the same orders)."""
+        if self.algorithms_for(causal):
+            return ()
         key = (self.name, causal, id(self.reference_fn))
         if key not in _ORDERS_TAKEN:
             from .common import ORDERS, evaluation_order
