@@ -56,6 +56,16 @@ def _flushed(fn, *xs):
         torch.set_flush_denormal(False)
 
 
+def _run_flushing(t, q, k, v, **ex):
+    """The target's causal output computed under FTZ/DAZ (its worker thread is created inside, so it flushes)."""
+    if not torch.set_flush_denormal(True):
+        pytest.skip("this CPU cannot flush denormals")
+    try:
+        return t(q, k, v, causal=True, **ex)
+    finally:
+        torch.set_flush_denormal(False)
+
+
 def _flush_model():
     with subnormals("flush"):
         return rounding_model("float32")
@@ -424,12 +434,7 @@ def _flushing_case(name: str, form: str):
         ex["g"] = np.minimum(round_to(draw_log_decay(rng, (1, 2, 40), "mixed"), "float32"), 0.0)
     q, k, v = (round_to(x * s, "float32") for x, s in zip((q, k, v), scales[name], strict=True))
     t = builtin(name, form=form, dtype="float32")
-    if not torch.set_flush_denormal(True):
-        pytest.skip("this CPU cannot flush denormals")
-    try:
-        out = t(q, k, v, causal=True, **ex)
-    finally:
-        torch.set_flush_denormal(False)
+    out = _run_flushing(t, q, k, v, **ex)
 
     def agreement(o):
         return A.check_agreement("agreement", o, t.variant, q, k, v, causal=True, dtype="float32", **ex, **t.params)
@@ -483,12 +488,7 @@ def test_a_flushing_charge_is_at_most_what_it_flushes(name):
         v = np.array([2.0**123, 1.0, 1.0]).reshape(1, 1, 3, 1)
         g = np.array([0.0, -100.0, 0.0]).reshape((1, 1, 3, 1) if name == "gla" else (1, 1, 3))
         t, ex = builtin(name, form="recurrent", dtype="float32"), {"g": round_to(g, "float32")}
-    if not torch.set_flush_denormal(True):
-        pytest.skip("this CPU cannot flush denormals")
-    try:
-        out = t(q, k, v, causal=True, **ex)
-    finally:
-        torch.set_flush_denormal(False)
+    out = _run_flushing(t, q, k, v, **ex)
     tr = truth(t.variant, q, k, v, causal=True, **ex, **t.params).value
     with subnormals("flush"):
         f = A.check_agreement("agreement", out, t.variant, q, k, v, causal=True, dtype="float32", **ex, **t.params)
@@ -552,12 +552,7 @@ def test_chunked_forms_that_factor_a_scalar_decay_into_the_queries_pass_when_dec
         ex["g"] = round_to(np.full(ex["g"].shape, -0.05), "float32")
     q = round_to(np.full((1, 1, 40, 4), 1.2 * 2.0**-126 / (0.5 if name == "retnet" else 1.0)), "float32")
     k = v = np.ones((1, 1, 40, 4))
-    if not torch.set_flush_denormal(True):
-        pytest.skip("this CPU cannot flush denormals")
-    try:
-        out = t(q, k, v, causal=True, **ex)
-    finally:
-        torch.set_flush_denormal(False)
+    out = _run_flushing(t, q, k, v, **ex)
     assert np.mean(out == 0) > 0.5  # past the first rows every output is lost
     assert "chunked-factored" in t.variant.orders_for(True)
     with subnormals("flush"):

@@ -247,7 +247,7 @@ def packing_isolation(target: Target, ex: AttentionInputs, *, causal: bool) -> F
             )
             tol[:, :, a:b] = both[:, :, a:b]
         diffs[:, :, a:b] = _diff(out[:, :, a:b], base[:, :, a:b])  # equal infinities and NaN in both agree
-    parts = {"out": (diffs, tol)}
+    parts: dict[str, Any] = {"out": (diffs, tol)}
     if state_diffs is not None:
         parts["final_state"] = (state_diffs, np.zeros_like(state_diffs))
     return parts_finding(

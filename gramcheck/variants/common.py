@@ -106,8 +106,9 @@ def linear_in_order(
     effect: token by token ('recurrent') or by chunks ('chunked', 'chunked-factored' for a scalar decay);
     None outside ``evaluation_order`` or where the order is not one of ``takes`` (a recurrence's own
     definition is the recurrent order) or does not apply."""
+    current = _ORDER.get()
     scalar = alpha is not None and alpha.shape[-1] == 1
-    order = _order(takes, applies=_ORDER.get() is None or _ORDER.get()[0] != "chunked-factored" or scalar)
+    order = _order(takes, applies=current is None or current[0] != "chunked-factored" or scalar)
     if order is None:
         return None
     if order in CHUNKED:
