@@ -11,8 +11,7 @@ Reference code uses the operators ``+ - * /`` (with arrays of the arithmetic or 
 the methods below; nothing else. Ball rules follow Rump's midpoint-radius arithmetic with the standard
 model fl(x op y) = (x op y)(1 + delta) + e, |delta| <= u, |e| <= eta / 2 (eta the smallest subnormal) and
 e = 0 unless the exact result is a nonzero subnormal (sums whose result is subnormal are exact);
-library functions (exp, log, sin, cos) are trusted to 1 ulp (2u relative, eta where subnormal), and a
-square root computed in float32 or narrower to u + 2^-24 relative. Every
+library functions (exp, log, sin, cos) are trusted to 1 ulp (2u relative, eta where subnormal). Every
 radius is computed in the same arithmetic and then inflated by (1 + 2ku) for a k-operation formula, which
 covers the rounding of the radius computation itself (all its terms are non-negative). Derivations:
 proofs/ball-arithmetic.md.
@@ -395,9 +394,6 @@ class BallArith(Arith):
         self._eta = backend.eta
         self._tiny = getattr(backend, "tiny", 0.0) * (1 + 2.0**-49)  # results below it may underflow
         self._flush = bool(getattr(backend, "flush", False))  # results below tiny become 0 (``subnormals``)
-        # a float32 sqrt is trusted to one ulp, not to correct rounding (torch's vectorised one errs up to
-        # 0.73 ulp): one more 2^-24 |y| wherever the format computes in float32 or narrower, none in float64
-        self._sqrt_allowance = 2.0**-24 if self.b.u > 2.0**-40 else 0.0
 
     # helpers -----------------------------------------------------------------------------------
     def _lift(self, x: Any) -> Ball:
@@ -551,7 +547,7 @@ class BallArith(Arith):
         r_pos = x.rad / (self.b.sqrt(lo_s) + np.where(pos, y, 1))
         r_neg = self.b.sqrt(np.abs(x.mid) + x.rad)  # [0, mid + rad] covered by y +- sqrt(mid + rad)
         r = np.where(pos, r_pos, r_neg)
-        r = r + self._rnd(y, carried=r, operands=(x,)) + self._sqrt_allowance * np.abs(y)
+        r = r + self._rnd(y, carried=r, operands=(x,))
         return Ball(self, y, self._inflate(r, 4))
 
     def sin(self, x: Ball) -> Ball:

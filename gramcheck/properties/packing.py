@@ -240,6 +240,7 @@ def packing_isolation(target: Target, ex: AttentionInputs, *, causal: bool) -> F
             continue
         out, state = run(changed)
         if state_diffs is not None:  # sequence i's row of the final states
+            assert state is not None and base_state is not None
             state_diffs[i] = _diff(state[i], base_state[i])
         if rounding:  # the bounds of the packed definition: each sequence from its own first token
             both = bound_of(target, ex, causal=causal, cu_seqlens=cu) + bound_of(
