@@ -40,7 +40,6 @@ import numpy as np
 from .arith import RoundingModel
 from .findings import Finding
 from .precision import smallest_normal
-from .variants.common import evaluation_order
 
 _SHARED: ContextVar[bool] = ContextVar("gramcheck_algorithm_underflow", default=False)
 F = TypeVar("F", bound=Finding | None)
@@ -100,12 +99,7 @@ def _radii(var: Any, ar: Any, underflow: bool, q: Any, k: Any, v: Any, causal: b
     if not underflow:
         ar.without_underflow()
     with np.errstate(all="ignore"):
-        runs = var.algorithms(q, k, v, causal=causal, arith=ar, **kw)
-        for order in var.orders_for(causal):
-            with evaluation_order(order) as used:
-                run = var.reference(q, k, v, causal=causal, arith=ar, **kw)
-            if used[0]:
-                runs.append(run)
+        runs = var.standard_evaluations(q, k, v, causal=causal, arith=ar, **kw)
         with ar.context():
             return [[np.asarray(ar.radius(p), dtype=np.float64) for p in _parts(r)] for r in runs]
 

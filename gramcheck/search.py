@@ -55,7 +55,7 @@ class Domain:
     kinds: tuple[str, ...] | None = None
     max_n: int | None = None
     max_d: int | None = None
-    max_b: int = 2  # two batch rows: a kernel's per-batch offsets (states, pointers) are reached
+    max_b: int = 1  # the state properties draw two rows whatever it is (Property.min_b)
     max_h: int = 2
     examples: int | None = None
     min_n: int = 1
@@ -244,7 +244,7 @@ def _run_property(
         "max_d": max(domain.min_d, min(domain.max_d, prop.max_d or domain.max_d)),
         "min_n": domain.min_n,
         "min_d": domain.min_d,
-        "max_b": domain.max_b,
+        "max_b": max(domain.max_b, prop.min_b),
         "max_h": domain.max_h,
         "chunks": domain.chunks,
         "budget": domain.budget,

@@ -35,6 +35,8 @@ class Property:
     kinds: tuple[str, ...] = DEFAULT_KINDS
     max_n: int | None = None  # a cap on N for expensive properties (gradients)
     max_d: int | None = None
+    # the batch rows it draws up to, at least (the state properties: a kernel's per-batch state offsets)
+    min_b: int = 1
     default: bool = True  # in the default set of ``check`` (diagnostics are opt-in)
     # applies to the variant, but not under these hyperparameters: the reason (listed as skipped) or None
     unless: Callable[[Variant, bool, dict[str, Any]], str | None] | None = None

@@ -239,6 +239,22 @@ class Variant:
         causal (without the mask they compute what ``algorithms_fn`` does)."""
         return self.algorithms_fn + (self.causal_algorithms_fn if causal else ())
 
+    def standard_evaluations(
+        self, q: Any, k: Any, v: Any, *, causal: bool = False, arith: Any = F64, **kwargs: Any
+    ) -> list[Any]:
+        """The output by each other standard algorithm (``algorithms``), then by each production order the
+        definition reaches on this call (``orders_for``), in ``arith``: the algorithms of the underflow
+        share (``algorithm_underflow``)."""
+        from .common import evaluation_order
+
+        runs = self.algorithms(q, k, v, causal=causal, arith=arith, **kwargs)
+        for order in self.orders_for(causal):
+            with evaluation_order(order) as used:
+                run = self.reference(q, k, v, causal=causal, arith=arith, **kwargs)
+            if used[0]:
+                runs.append(run)
+        return runs
+
     def orders_for(self, causal: bool) -> tuple[str, ...]:
         """The production algorithms (``common.evaluation_order``: recurrent, chunked) that evaluating the
         definition in an evaluation order reaches besides the definition's own, found once per mode by
