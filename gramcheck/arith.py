@@ -490,10 +490,8 @@ class BallArith(Arith):
     def _add(self, a: Ball, b: Ball) -> Ball:
         y = a.mid + b.mid
         r = a.rad + b.rad + self.b.u * np.abs(y)
-        if self._flush and self._eta:  # a sum that cancels below tiny is flushed (gradual: exact)
-            carried = a.rad + b.rad
-            may = (np.abs(y) - carried < self._tiny) & (self._nonzero(a) | self._nonzero(b))
-            r = r + may * np.minimum(self._underflow_errors(1), np.abs(y) + carried)
+        if self._flush:  # a sum that cancels below tiny is flushed (gradual: exact); 0 + 0 is exact
+            r = r + self._underflow(np.abs(y), a.rad + b.rad) * (self._nonzero(a) | self._nonzero(b))
         return Ball(self, y, self._inflate(r, 3))
 
     def _mul(self, a: Ball, b: Ball) -> Ball:

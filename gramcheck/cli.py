@@ -27,6 +27,7 @@ from typing import Any
 from . import __version__
 from . import properties as _properties
 from . import variants as _variants
+from .arith import SUBNORMALS
 from .strategies import KINDS, PROFILES
 
 
@@ -338,7 +339,7 @@ def _add_check_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="float32", choices=["float64", "float32", "bfloat16", "float16"])
     p.add_argument("--device", default="cpu")
     p.add_argument(
-        "--subnormals", default="gradual", choices=["gradual", "flush"],
+        "--subnormals", default="gradual", choices=SUBNORMALS,
         help="'flush' for a target whose arithmetic flushes results below the smallest normal to zero",
     )  # fmt: skip
     p.add_argument("--profile", default="ci", choices=sorted(PROFILES))

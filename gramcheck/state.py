@@ -26,19 +26,13 @@ def gated_scan(ar: Any, q: Any, k: Any, v: Any, log_alpha: Any, initial_state: A
     """(o, S_N): S_t = diag(exp(log_alpha_t)) S_{t-1} + k_t v_t^T from S_0 = ``initial_state`` (or 0),
     o_t = S_t^T q_t. q, k (B, H, N, d_k), v (B, H, N, d_v), log_alpha (B, H, N, d_k) or (B, H, N, 1),
     initial_state (B, H, d_k, d_v) in ``ar``. Returns o (B, H, N, d_v) and S_N (B, H, d_k, d_v)."""
-    from .variants.common import CHUNKED, linear_in_order
+    from .variants.common import CHUNKED, linear_in_order, token_recurrence
 
-    B, H, N, dk = q.shape
     alpha = ar.exp(ar.held(log_alpha))
     ordered = linear_in_order(ar, q, k, v, alpha, initial_state, output_final_state=True, takes=CHUNKED)
     if ordered is not None:  # an evaluation order's algorithm (variants.common.evaluation_order)
         return ordered
-    state = ar.held(ar.zeros((B, H, dk, v.shape[-1])) if initial_state is None else initial_state)
-    outs = []
-    for t in range(N):
-        state = alpha[:, :, t, :, None] * state + k[:, :, t, :, None] * v[:, :, t, None, :]
-        outs.append(ar.matmul(q[:, :, t, None, :], state)[:, :, 0, :])
-    return ar.stack(outs, axis=2), state
+    return token_recurrence(ar, q, k, v, alpha, initial_state)
 
 
 def initial_readout(ar: Any, q: Any, decay_in: Any, initial_state: Any) -> Any:

@@ -117,7 +117,7 @@ def linear_in_order(
             ar, q, k, v, alpha, ORDER_CHUNK, initial_state, with_state=True, factored=factored
         )
     else:
-        out, state = _recurrence(ar, q, k, v, alpha, initial_state)
+        out, state = token_recurrence(ar, q, k, v, alpha, initial_state)
     return (out, state) if output_final_state else out
 
 
@@ -135,11 +135,11 @@ def gated_recurrence(
     if enclose is not None:
         out, state = enclose(q, k, v, alpha, initial_state)
     else:
-        out, state = _recurrence(ar, q, k, v, alpha, initial_state)
+        out, state = token_recurrence(ar, q, k, v, alpha, initial_state)
     return (out, state) if output_final_state else out
 
 
-def _recurrence(ar: Any, q: Any, k: Any, v: Any, alpha: Any, initial_state: Any) -> tuple[Any, Any]:
+def token_recurrence(ar: Any, q: Any, k: Any, v: Any, alpha: Any, initial_state: Any) -> tuple[Any, Any]:
     """(o, S_N) of ``gated_recurrence``, one token at a time in ``ar``."""
     B, H, N, dk = q.shape
     state = ar.held(ar.zeros((B, H, dk, v.shape[-1])) if initial_state is None else initial_state)
