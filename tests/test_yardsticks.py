@@ -84,6 +84,59 @@ def test_an_infinite_bound_is_not_rounding_noise(dtype):
     assert low_precision(t, ex, causal=False).passed
 
 
+# one token, d = 5, in bfloat16: tau (A v - diag(A) v) is exactly 0, its terms about 5 |v|
+_CANCELLING = [
+    [-0.97265625, 0.13183594, 1.2734375, 0.3515625, 0.26171875],
+    [-1.546875, 0.984375, 0.16503906, 0.95703125, -0.27539062],
+    [-0.57421875, 1.4140625, -1.1484375, -0.80078125, 0.20410156],
+]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_slices_that_cancel_to_rounding_noise_are_not_judged_by_the_rules(causal):
+    """gram-diag-subtracted at N = 1 in bfloat16: the naive definition rounds both terms alike and cancels
+    exactly, while the builtin's linear form stores A v in bfloat16 and errs by its rounding (0.0625 at
+    |v| = 1.15). Judged against the luckier yardstick, agreement failed the builtin at inf (also where it
+    returned the exact 0, on the truth's own 1e-14 bound) and low-precision failed it too. The
+    slice is float32 rounding noise together (``agreement.at_noise_floor``): both pass, and count it."""
+    q, k, v = (np.array(x).reshape(1, 1, 1, 5) for x in _CANCELLING)
+    t = builtin("gram-diag-subtracted", dtype="bfloat16")
+    out = t(q, k, v, causal=causal)
+    assert np.all(out == 0) == causal  # causal: the exact 0; not causal: one rounding of A v
+    f = A.check_agreement("agreement", out, t.variant, q, k, v, causal=causal, dtype="bfloat16", **t.params)
+    assert f.passed and f.details["noise_entries"] > 0, f.details
+    ex = AttentionInputs(q, k, v, {}, "gaussian", "bfloat16", {})
+    lp = low_precision(t, ex, causal=causal)
+    assert lp is None or lp.passed, lp
+    # the wrong pass the gate must not make: its entries are held to the worst-case bound
+    uncancelled = t(q, k, v, causal=causal) + np.sum((q + 1) * (k + 1)) * v  # elu + 1 of these inputs: x + 1
+    for wrong in (uncancelled, np.full_like(v, np.nan), out + 1e3):
+        f = A.check_agreement("agreement", wrong, t.variant, q, k, v, causal=causal, dtype="bfloat16", **t.params)
+        assert not f.passed, f.details
+
+
+def test_rounding_noise_is_held_to_the_worst_case_bound():
+    """Entries at float32's noise floor are not judged for accuracy, but a correct algorithm stays within
+    its worst-case bound there too: an output three bounds off on one noise entry passed agreement before."""
+    from test_verdicts import _float32_favor_case
+
+    var, params, q, k, v, w = _float32_favor_case("performer-trig", 1, 29, 62, 64, 4.0)
+    t = builtin("performer-trig", form="recurrent", dtype="float32")
+    out = t(q, k, v, causal=True, projection=w)
+    f = A.check_agreement("agreement", out, var, q, k, v, causal=True, dtype="float32", projection=w, **params)
+    assert f.passed and f.details["noise_entries"] > 0, f.details
+    bound = A.rounding_bound(var, q, k, v, causal=True, dtype="float32", projection=w, **params)
+    pb = A.probabilistic_bound(var, q, k, v, causal=True, dtype="float32", projection=w, **params)[0]
+    mag = A.slice_magnitude(out, v)
+    noise = np.argwhere((bound >= mag) & (pb >= mag) & np.isfinite(bound))  # no bound informative there
+    at = tuple(noise[0])
+    for factor, passes in ((0.5, True), (3.0, False)):  # within the bound (C R(u)), and past it
+        wrong = out.copy()
+        wrong[at] += factor * bound[at]
+        f = A.check_agreement("agreement", wrong, var, q, k, v, causal=True, dtype="float32", projection=w, **params)
+        assert f.passed == passes, (factor, f.details)
+
+
 def test_trigonometric_features_of_unreduced_arguments_fail_in_bfloat16():
     """sin and cos clamped to [-pi, pi]: a noise gate of bfloat16 features (tried against the false alarm
     below) judged nothing on most such inputs and passed this target; the float32 gate fails it."""
