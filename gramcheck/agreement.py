@@ -47,10 +47,10 @@ import numpy as np
 
 from . import algorithm_underflow
 from . import variants as _variants
-from .arith import ProbabilisticModel, RoundedArith, flushes, rounding_model, subnormals
+from .arith import ProbabilisticModel, ResolutionModel, RoundedArith, flushes, rounding_model, subnormals
 from .findings import Finding, error_ratios
 from .oracle import truth, truth_given
-from .precision import dtype_name, unit_roundoff
+from .precision import dtype_name, overflow_threshold, unit_roundoff
 
 REASSOCIATION_FACTOR = 2.0
 LOW_PRECISION_K = 2.0  # the low-precision rule's factor on the naive definition's error
@@ -114,6 +114,15 @@ def probabilistic_bound(
         ball = var.reference(q, k, v, causal=causal, arith=model, **kwargs)
         share = algorithm_underflow.added_share(var, model, ball, q, k, v, causal=causal, dtype=dtype, **kwargs)
     return REASSOCIATION_FACTOR * (model.radius(ball) + share), 1.0 - model.failure_probability()
+
+
+def resolution_radius(variant: Any, q: Any, k: Any, v: Any, *, causal: bool, dtype: Any, **kwargs: Any) -> np.ndarray:
+    """The definition's radius in ``arith.ResolutionModel``: one rounding per stored result, entrywise
+    (infinite where not finite)."""
+    model = ResolutionModel(dtype)
+    with np.errstate(all="ignore"):
+        r = model.radius(_variants.get(variant).reference(q, k, v, causal=causal, arith=model, **kwargs))
+    return np.where(np.isnan(r), np.inf, r)
 
 
 def naive_definition(
@@ -244,23 +253,7 @@ def noise_entries(bound32: Any, magnitude: np.ndarray) -> np.ndarray:
     """``rounding_noise`` from the ``noise_bound`` ``bound32`` (None: no entry is noise)."""
     if bound32 is None:
         return np.zeros(np.shape(magnitude), dtype=bool)
-    return np.isfinite(bound32) & ~(bound32 < 0.5 * magnitude)
-
-
-def at_noise_floor(bound32: Any, value: np.ndarray, bound: np.ndarray, mask: np.ndarray) -> bool:
-    """Whether the entries ``mask`` are rounding noise together: ``noise_bound`` (``bound32``) finite on
-    them and ||bound32||_J >= (||truth||_J + ||truth's bound||_J) / 2 in the Frobenius norm. Where a slice's
-    outputs cancel to about 0 (tau (A v - diag(A) v) at N = 1, or a causal first row), the yardstick can
-    cancel exactly by luck (both terms rounded alike) while every other algorithm errs by its terms'
-    rounding: the rule's verdict there would be about luck, not accuracy (proofs/low-precision-rule.md,
-    "Slices that cancel")."""
-    if bound32 is None or not np.isfinite(np.where(mask, bound32, 0.0)).all():
-        return False
-
-    def norm(x: np.ndarray) -> float:
-        return float(np.sqrt(np.sum(np.where(mask, x, 0.0) ** 2)))
-
-    return norm(bound32) >= 0.5 * (norm(value) + norm(bound))
+    return np.isfinite(bound32) & (bound32 > 0) & ~(bound32 < 0.5 * magnitude)  # a zero bound: exact, not noise
 
 
 def slice_magnitude(value: np.ndarray, v: Any) -> np.ndarray:
@@ -354,6 +347,11 @@ def check_agreement(
         same = pbound if u == unit_roundoff("float32") else None  # float32's bound is the gate's
         return noise_bound(var, q, k, v, causal=causal, bound32=same, **kwargs)
 
+    @functools.cache
+    def resolution() -> np.ndarray:
+        """``resolution_radius``, evaluated once, when the rule first meets a slice whose exact value is 0."""
+        return resolution_radius(var, q, k, v, causal=causal, dtype=dtype, **kwargs)
+
     # first without the rule's request (float64 mostly suffices): a sharper truth is asked for only when
     # the rule's verdict could change with it (``_Judged.rule_open``)
     first = np.where(vacuous_guess, np.minimum(pbound, bound), bound)
@@ -379,7 +377,7 @@ def check_agreement(
         else:  # the separate truth only for the entries the model's certificate does not meet
             t = truth_given(var, q, k, v, model.certificate, causal=causal, digits=None, atol=atol, **kwargs)
         t = t.exact_where((model.bound == 0) & np.isfinite(approx), approx)  # a zero radius: exact
-        judged = _judge(name, out, v, t, bound, pbound, probability, naive, u, dtype, bound32, reach)
+        judged = _judge(name, out, v, t, bound, pbound, probability, naive, u, dtype, bound32, resolution, reach)
         if not judged.rule_open:
             break
     return judged.finding
@@ -403,6 +401,7 @@ def _judge(
     u: float,
     dtype: Any,
     bound32: Callable[[], Any],
+    resolution: Callable[[], np.ndarray],
     reach: np.ndarray | float = 0.0,
 ) -> _Judged:
     """The Finding of ``check_agreement`` on the truth ``t``, every error counted at its worst over the
@@ -414,6 +413,17 @@ def _judge(
     mag = slice_magnitude(np.where(defined, t.value, 0.0), v)
     err = np.abs(out - t.value) + t.bound  # worst case over the truth's own uncertainty
     err = np.where(np.isnan(err), np.inf, err)
+    # an exact value past the dtype's range has no finite answer in the dtype (it rounds to the infinity
+    # of its sign, and terms that overflow with both signs give NaN): a non-finite output there is not
+    # judged; a finite one is held to the bounds
+    beyond = defined & (np.abs(t.value) - t.bound >= overflow_threshold(dtype))
+    err = np.where(beyond & ~np.isfinite(out), 0.0, err)
+    # where every standard algorithm in the dtype leaves its range (a float16 feature or numerator past
+    # 65504), a non-finite output is the dtype's limit, not the target's error (as ``judged_in_range``)
+    exhausted = defined & ~beyond & ~np.isfinite(out)
+    if exhausted.any():
+        exhausted &= np.logical_and.reduce([~np.isfinite(f.value) for f in naive.forward])
+        err = np.where(exhausted, 0.0, err)
     # 1. worst case, where the bound is below the magnitude of the outputs it bounds
     wc = defined & np.isfinite(bound) & (bound < mag)
     # 2. the probabilistic bound where that one is informative
@@ -455,13 +465,16 @@ def _judge(
                 e_n = max(e - t_bound, 0.0)
                 return e_n, LOW_PRECISION_K * e_n + LOW_PRECISION_FLOOR_ULPS * u * size
 
-            e_n, b_lp = rule(naive.error(t.value, lp_s, u, norm, lambda e, e_t=e_t: e_t > rule(e)[1]))
+            if size <= t_bound:
+                # the exact value is 0 (to the truth's own bound): a yardstick that rounds cancelling terms
+                # alike is exact by luck (tau (A v - diag(A) v) at N = 1), so the yardstick is one rounding
+                # of every stored result instead, at least as large as any standard algorithm's luck
+                e_n, b_lp, yardstick = norm(resolution()), LOW_PRECISION_K * norm(resolution()), "resolution"
+                details["exact_zero_slices"] = details.get("exact_zero_slices", 0) + 1
+            else:
+                yardstick = "naive"
+                e_n, b_lp = rule(naive.error(t.value, lp_s, u, norm, lambda e, e_t=e_t: e_t > rule(e)[1]))
             r_s = e_t / b_lp if b_lp > 0 else (0.0 if e_t == 0 else float("inf"))
-            if r_s > 1.0 and np.isfinite(out[lp_s]).all() and at_noise_floor(b32, t.value, t.bound, lp_s):
-                # the yardstick's error there is luck, not accuracy; held to the worst case below
-                noisy |= lp_s
-                lp_all = lp_all & ~lp_s
-                continue
             # a failure that holds at the truth's most favourable value is settled; a pass always is
             e_t_least = max(norm(np.abs(out - t.value)) - t_bound, 0.0)
             b_most = LOW_PRECISION_K * (e_n + 2 * t_bound) + LOW_PRECISION_FLOOR_ULPS * u * (size + t_bound)
@@ -473,9 +486,9 @@ def _judge(
                     "naive_error": e_n,
                     "output_norm": size,
                     "slice": list(at),
+                    **({"yardstick": yardstick} if yardstick != "naive" else {}),
                 }
         lp_count = int(lp_all.sum())
-        rest &= ~noisy
         if r_lp >= 0:
             ratios["low-precision rule"] = r_lp
             if r_lp > measured:
@@ -518,7 +531,12 @@ def _judge(
             "worst_index": list(worst_at) if worst_at is not None else None,
         }
     )
-    informative = int((wc & (bound > 0) & ~flushed).sum()) + int((pr & (pbound > 0) & ~flushed).sum()) + lp_count
+    out_of_range = beyond | exhausted
+    informative = int((wc & (bound > 0) & ~flushed & ~out_of_range).sum()) + lp_count
+    informative += int((pr & (pbound > 0) & ~flushed & ~out_of_range).sum())
+    if out_of_range.any():
+        # exact values past the dtype's range, and non-finite outputs where every standard algorithm is
+        details["out_of_range_entries"] = int(out_of_range.sum())
     n_flushed = int(flushed.sum())
     if n_flushed:
         details["flushed_entries"] = n_flushed
@@ -526,10 +544,12 @@ def _judge(
             f"{n_flushed} entries within reach of flushing (its charges reach their magnitude): held to their "
             "bounds, not judged for accuracy"
         )
-    if (unbounded or n_flushed) and not informative:  # only exact entries, or none, were judged: the pass says nothing
+    n_beyond = int(out_of_range.sum())
+    if (unbounded or n_flushed or n_beyond) and not informative:  # only exact entries, or none: the pass says nothing
         details["unjudged"] = ["output"]
         floor = f"{unbounded} at the dtype's noise floor or unbounded"
         floor += f", {n_flushed} within reach of flushing" if n_flushed else ""
+        floor += f", {n_beyond} past the dtype's range for every standard algorithm" if n_beyond else ""
         details["note"] = f"no inexact entry judged ({floor})"
     if worst_at is not None:
         b_worst = {"worst-case": bound, "probabilistic": pbound}.get(worst_rule)

@@ -852,6 +852,20 @@ class ProbabilisticModel(BallArith):
         return super().matmul(a, b)
 
 
+class ResolutionModel(BallArith):
+    """The rounding model of ``dtype`` with every accumulation charged one rounding, u sum |terms|,
+    instead of gamma_n: to first order, what rounding each stored result once costs, as a kernel that
+    accumulates in float32 and stores in the dtype does. The low-precision rule's yardstick where the
+    exact output is 0 (proofs/low-precision-rule.md, "Outputs that are exactly 0")."""
+
+    def __init__(self, dtype: Any):
+        super().__init__(_ModelBackend(dtype))
+        self.name = f"resolution-{self.b.name.removeprefix('model-')}"
+
+    def _gammas(self, n: Any) -> Any:
+        return np.where(np.asarray(n) >= 1, self.b.u, 0.0)
+
+
 F64 = Arith(_F64Backend())
 BALL_F64 = BallArith(_F64Backend())
 

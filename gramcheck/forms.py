@@ -120,22 +120,26 @@ def linear_recurrence(
     chunk_size: int = 64,
     initial_state: Any = None,
     output_final_state: bool = False,
+    wide_output: bool = False,
 ) -> Any:
     """Dispatch to one form; see the module docstring for the formula and shapes.
 
     ``initial_state`` (B, H, d_k, d_v) is S_0 (zero when None); with ``output_final_state`` the result
     is ``(out, S_N)``, S_N in the accumulation dtype (at least float32), so that running two segments
-    with the first's final state as the second's initial state equals one pass over both."""
+    with the first's final state as the second's initial state equals one pass over both.
+    ``wide_output``: the output in the accumulation dtype too, for a caller that normalises it before
+    storing (a float16 numerator overflows at 65504 where the quotient does not)."""
     check_choice("form", form, FORMS)
     if g is not None and not causal:
         raise ValueError("causal: got False with decays g; expected causal=True (decayed recurrences are causal)")
     s0 = _check_state(initial_state, q, v)
+    od = _acc_dtype(q) if wide_output else q.dtype
     if form == "parallel":
-        out, state = _parallel(q, k, v, g, causal, s0, output_final_state)
+        out, state = _parallel(q, k, v, g, causal, s0, output_final_state, od)
     elif form == "recurrent":
-        out, state = _recurrent(q, k, v, g, causal, s0)
+        out, state = _recurrent(q, k, v, g, causal, s0, od)
     else:
-        out, state = _chunked(q, k, v, g, causal, check_positive_int("chunk_size", chunk_size), s0)
+        out, state = _chunked(q, k, v, g, causal, check_positive_int("chunk_size", chunk_size), s0, od)
     return (out, state) if output_final_state else out
 
 
@@ -178,33 +182,33 @@ def _scalar_decay(bt: Any, bs: Any, mask: Any) -> Any:
 
 def parallel(q: Any, k: Any, v: Any, g: Any = None, *, causal: bool) -> Any:
     """The parallel form (see the module docstring)."""
-    return _parallel(q, k, v, g, causal, None, False)[0]
+    return _parallel(q, k, v, g, causal, None, False, q.dtype)[0]
 
 
 def recurrent(q: Any, k: Any, v: Any, g: Any = None, *, causal: bool) -> Any:
     """The recurrent form (see the module docstring)."""
-    return _recurrent(q, k, v, g, causal, None)[0]
+    return _recurrent(q, k, v, g, causal, None, q.dtype)[0]
 
 
 def chunked(q: Any, k: Any, v: Any, g: Any = None, *, causal: bool, chunk_size: int = 64) -> Any:
     """The chunked form (see the module docstring)."""
-    return _chunked(q, k, v, g, causal, check_positive_int("chunk_size", chunk_size), None)[0]
+    return _chunked(q, k, v, g, causal, check_positive_int("chunk_size", chunk_size), None, q.dtype)[0]
 
 
-def _parallel(q: Any, k: Any, v: Any, g: Any, causal: bool, s0: Any, want_state: bool) -> tuple[Any, Any]:
+def _parallel(q: Any, k: Any, v: Any, g: Any, causal: bool, s0: Any, want_state: bool, od: Any) -> tuple[Any, Any]:
     acc = _acc_dtype(q)
     if not causal:
-        if s0 is None and not want_state:
+        if s0 is None and not want_state and od == q.dtype:
             return q @ (k.transpose(-1, -2) @ v), None
         state = k.to(acc).transpose(-1, -2) @ v.to(acc)
         state = state if s0 is None else s0 + state
-        return (q.to(acc) @ state).to(q.dtype), state
+        return (q.to(acc) @ state).to(od), state
     if g is None:
         raise ValueError("form: 'parallel' is non-causal for ungated linear attention; use 'chunked' or 'recurrent'")
     b = g.to(_gate_dtype(g)).cumsum(-2)
     out = _decayed_scores(q, k, b, b, _causal_mask(q.shape[-2], q.device)) @ v
     if s0 is None and not want_state:
-        return out, None
+        return out.to(od), None
     last = b[..., -1:, :]
     out = out.to(acc)
     if s0 is not None:
@@ -212,10 +216,10 @@ def _parallel(q: Any, k: Any, v: Any, g: Any, causal: bool, s0: Any, want_state:
     state = (k.to(acc) * (last - b).exp().to(acc)).transpose(-1, -2) @ v.to(acc)
     if s0 is not None:
         state = state + last[..., 0, :, None].exp().to(acc) * s0
-    return out.to(q.dtype), state
+    return out.to(od), state
 
 
-def _recurrent(q: Any, k: Any, v: Any, g: Any, causal: bool, s0: Any) -> tuple[Any, Any]:
+def _recurrent(q: Any, k: Any, v: Any, g: Any, causal: bool, s0: Any, od: Any) -> tuple[Any, Any]:
     torch = _torch()
     B, H, N, dk = q.shape
     acc = _acc_dtype(q)
@@ -224,7 +228,7 @@ def _recurrent(q: Any, k: Any, v: Any, g: Any, causal: bool, s0: Any) -> tuple[A
     if not causal:
         for t in range(N):
             state = state + ka[:, :, t, :, None] * va[:, :, t, None, :]
-        return (qa @ state).to(q.dtype), state
+        return (qa @ state).to(od), state
     alpha = None if g is None else g.to(acc).exp()
     outs = []
     for t in range(N):
@@ -232,7 +236,7 @@ def _recurrent(q: Any, k: Any, v: Any, g: Any, causal: bool, s0: Any) -> tuple[A
             state = alpha[:, :, t, :, None] * state
         state = state + ka[:, :, t, :, None] * va[:, :, t, None, :]
         outs.append((qa[:, :, t, None, :] @ state)[:, :, 0, :])
-    return torch.stack(outs, dim=2).to(q.dtype), state
+    return torch.stack(outs, dim=2).to(od), state
 
 
 def pad_chunks(x: Any, c: int) -> Any:
@@ -245,7 +249,7 @@ def pad_chunks(x: Any, c: int) -> Any:
     return x.reshape(B, H, -1, c, e)
 
 
-def _chunked(q: Any, k: Any, v: Any, g: Any, causal: bool, c: int, s0: Any) -> tuple[Any, Any]:
+def _chunked(q: Any, k: Any, v: Any, g: Any, causal: bool, c: int, s0: Any, od: Any) -> tuple[Any, Any]:
     torch = _torch()
     B, H, N, dk = q.shape
     dv = v.shape[-1]
@@ -253,12 +257,15 @@ def _chunked(q: Any, k: Any, v: Any, g: Any, causal: bool, c: int, s0: Any) -> t
     state = q.new_zeros(B, H, dk, dv, dtype=acc) if s0 is None else s0
     if not causal:  # no chunk sees another's partial state: one product over all tokens is the same sum
         state = state + k.to(acc).transpose(-1, -2) @ v.to(acc)
-        return (q.to(acc) @ state).to(q.dtype), state
+        return (q.to(acc) @ state).to(od), state
     qc, kc, vc = pad_chunks(q, c), pad_chunks(k, c), pad_chunks(v, c)
     nc = qc.shape[2]
     mask = _causal_mask(c, q.device)
     if g is None:
-        intra = ((qc @ kc.transpose(-1, -2)) * mask.to(q.dtype)) @ vc
+        # in the accumulation dtype, as a kernel's dot products accumulate, and masked by selection, not by a
+        # product: a float16 score q.k past 65504 overflows, and a future one times 0 is NaN
+        qa, ka = qc.to(acc), kc.to(acc)
+        intra = torch.where(mask, qa @ ka.transpose(-1, -2), 0.0) @ vc.to(acc)
         q_in, k_out, carry = qc, kc, None
     else:
         bl = pad_chunks(g.to(_gate_dtype(g)), c).cumsum(-2)  # log-decay from chunk start through t
@@ -279,7 +286,7 @@ def _chunked(q: Any, k: Any, v: Any, g: Any, causal: bool, c: int, s0: Any) -> t
         update = k_out[:, :, i].transpose(-1, -2) @ v_acc[:, :, i]
         state = (state if carry is None else carry[:, :, i, :, None] * state) + update
     out = torch.stack(outs, dim=2)
-    return out.to(q.dtype).reshape(B, H, nc * c, dv)[:, :, :N], state
+    return out.to(od).reshape(B, H, nc * c, dv)[:, :, :N], state
 
 
 def _scalar_decayed_scores(qc: Any, q_in: Any, kc: Any, bl: Any, mask: Any) -> Any:

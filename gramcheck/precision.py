@@ -140,6 +140,15 @@ def max_finite(dtype: Any) -> float:
     return _RANGE[dtype_name(dtype)][1]
 
 
+def overflow_threshold(dtype: Any) -> float:
+    """The least magnitude that rounds to infinity in the format: the largest finite value plus half its
+    spacing (IEEE 754 round to nearest; float16 65520, float32 (2 - 2^-24) 2^127); infinite for float64,
+    whose truths are held in float64 themselves."""
+    top = max_finite(dtype)
+    half_spacing = math.ldexp(unit_roundoff(dtype), math.floor(math.log2(top)))
+    return math.inf if dtype_name(dtype) == "float64" else top + half_spacing
+
+
 def round_to(x: Any, dtype: Any, *, wide_range: bool = False) -> np.ndarray:
     """x (float64) rounded to the nearest value of ``dtype`` (ties to even, subnormals kept, overflow to
     +-inf), returned as float64 so a reference evaluates exactly what a target in ``dtype`` receives.

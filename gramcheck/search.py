@@ -252,6 +252,7 @@ def _run_property(
         "head_sizes": HEAD_SIZES,
     }
     strategy = attention_inputs(target.variant, dtype=target.dtype, kinds=kinds, **sizes)
+    rows = sizes["max_b"] if sizes["max_b"] != domain.max_b else None  # recorded: the domain says fewer
     base = profile(profile_name)
     budget = min(domain.examples or base.max_examples, prop.max_examples or math.inf)
     # a third of the examples is kept for the kinds the search does not draw (one explicit example each)
@@ -279,12 +280,12 @@ def _run_property(
                 else:
                     f.details["shrunk"] = False
                 f.details["examples"] = state.count + again.count
-                _coverage(f, kinds, state)
+                _coverage(f, kinds, state, rows)
                 annotate(f, prop, target, ex, causal=causal, chunks=domain.chunks)
                 return f
     if isinstance(result, Finding):
         if result.details.get("failure") not in ("nondeterministic", "internal-error") or state.failing:
-            _coverage(result, kinds, state)
+            _coverage(result, kinds, state, rows)
         if state.failing and not state.timed_out and not result.passed:
             annotate(result, prop, target, state.failing[0], causal=causal, chunks=domain.chunks)
         return result
@@ -292,7 +293,7 @@ def _run_property(
         return _no_examples(prop)
     f = state.worst[0]
     f.details["examples"] = state.count
-    _coverage(f, kinds, state)
+    _coverage(f, kinds, state, rows)
     return f
 
 
@@ -382,10 +383,13 @@ def _search(
     return None
 
 
-def _coverage(f: Finding, kinds: tuple[str, ...], state: _State) -> None:
-    """Finding.details: examples per kind, the property's kinds that no example drew, and the parts that
-    some example could not judge (all examples', not only the reported one's)."""
+def _coverage(f: Finding, kinds: tuple[str, ...], state: _State, max_b: int | None = None) -> None:
+    """Finding.details: examples per kind, the property's kinds that no example drew, the parts that some
+    example could not judge (all examples', not only the reported one's), and ``max_b``, the batch rows
+    drawn where the property draws more than the domain says (``Property.min_b``)."""
     f.details["kinds_drawn"] = dict(sorted(state.drawn.items()))
+    if max_b is not None:
+        f.details["max_b"] = max_b
     missing = [k for k in kinds if k not in state.drawn]
     if missing:
         f.details["kinds_not_drawn"] = missing

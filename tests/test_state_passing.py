@@ -129,3 +129,15 @@ def test_a_state_kernel_missing_its_batch_offset_fails_the_default_domain():
     f = r["state-agreement"]
     assert not f.passed and f.measured > 10 and f.counterexample["shape"][0] == 2, r.summary()
     assert r["agreement"].passed, r.summary()
+    # each says what it drew: the domain's one row, and the state property's two beside it
+    assert f.details["max_b"] == 2 and "max_b" not in r["agreement"].details, r["agreement"].details
+
+
+def test_a_certificate_says_how_many_batch_rows_the_state_properties_drew():
+    """The domain records max_b = 1; the state properties draw two rows, and their entries say so."""
+    from gramcheck import certify
+
+    cert = certify("builtin:gla", causal=True, properties=["state-split", "agreement"], domain={"examples": 3}).data
+    assert cert["domain"]["max_b"] == 1
+    rows = {p["property"]: p["details"].get("max_b") for p in cert["properties"]}
+    assert rows == {"state-split": 2, "agreement": None}, rows

@@ -368,3 +368,48 @@ def test_float16_softmax_overflowing_before_its_scale_fails_where_a_standard_alg
         verdicts[getattr(fn, "__name__", fn)] = (f.passed, f.measured)
     assert not verdicts["softmax_scaled_after_product"][0] and verdicts["softmax_scaled_after_product"][1] == np.inf
     assert verdicts["softmax_sdpa"][0] and verdicts["builtin:softmax"][0], verdicts
+
+
+def _float16_masked_by_product(q, k, v, *, causal):
+    """Causal normalised elu + 1 attention with the mask applied as a product: a future score past 65504
+    is inf, and inf * 0 is NaN in every row before it."""
+    import torch
+
+    fq, fk = torch.nn.functional.elu(q) + 1, torch.nn.functional.elu(k) + 1
+    n = q.shape[-2]
+    s = (fq @ fk.transpose(-1, -2)) * torch.ones(n, n, dtype=q.dtype).tril()
+    return ((s.float() @ v.float()) / s.float().sum(-1, keepdim=True)).to(q.dtype)
+
+
+def test_float16_outputs_past_the_range_and_intermediates_every_algorithm_overflows():
+    """float16, q = k = v = 100 at N = 1: (q . k) v = 1e6 is past the range, so inf (or NaN) is its
+    rounding and a finite 65504 is wrong; elu + 1 attention's numerator 1.02e6 overflows in the definition
+    too, so a target that overflows there is excused (counted), while the builtin, normalising its float32
+    accumulators, returns the exact 100. A mask applied as a product gives NaN where the definition is
+    finite: that fails (the builtin's causal chunked form did this before it masked by selection)."""
+    from gramcheck.agreement import check_agreement
+    from gramcheck.api import make_target
+
+    x = np.full((1, 1, 1, 1), 100.0)
+    lu = make_target("builtin:linear-unnormalised", dtype="float16")
+    assert np.isinf(lu(x, x, x, causal=False)).all()
+    for fill, passes in ((np.inf, True), (np.nan, True), (65504.0, False)):
+        out = np.full_like(x, fill)
+        f = check_agreement("agreement", out, lu.variant, x, x, x, causal=False, dtype="float16", **lu.params)
+        assert f.passed == passes and f.details["out_of_range_entries"] == 1, (out, f.details)
+    elu = make_target("builtin:linear-elu", dtype="float16")
+    out = elu(x, x, x, causal=False)
+    assert out[0, 0, 0, 0] == 100.0
+    f = check_agreement("agreement", np.full_like(x, np.inf), "linear-elu", x, x, x, causal=False, dtype="float16")
+    assert f.passed and f.details["out_of_range_entries"] == 1, f.details
+    # q_0 . k_2 = 301^2 > 65504 is a future score of row 0
+    q = np.array([300.0, 1.0, 1.0]).reshape(1, 1, 3, 1)
+    k = np.array([1.0, 1.0, 300.0]).reshape(1, 1, 3, 1)
+    v = np.array([1.0, -2.0, 3.0]).reshape(1, 1, 3, 1)
+    verdicts = {}
+    for fn in (_float16_masked_by_product, "builtin:linear-elu"):
+        t = make_target(fn, "linear-elu", dtype="float16")
+        f = check_agreement("agreement", t(q, k, v, causal=True), "linear-elu", q, k, v, causal=True, dtype="float16")
+        verdicts[getattr(fn, "__name__", fn)] = (f.passed, f.measured)
+    assert verdicts["_float16_masked_by_product"] == (False, np.inf), verdicts
+    assert verdicts["builtin:linear-elu"][0], verdicts

@@ -116,9 +116,14 @@ def torch_forward(
     _check_extras(g, u, B, H, N, dk)
     r = q * scale_value(TORCH, scale, dk)
     g_prev = shift_one(g)
-    out = linear_recurrence(r, shift_one(k), shift_one(v), g_prev, causal=True, form=form, chunk_size=chunk_size)
-    current = (r * u.to(r.dtype)[None, :, None, :] * k).sum(-1, keepdim=True) * v
-    out = out + current
+    # the past tokens' and the bonus term's sum taken in the float32 accumulators and stored once, as the
+    # kernels do: each overflows float16 where their sum need not
+    out = linear_recurrence(
+        r, shift_one(k), shift_one(v), g_prev, causal=True, form=form, chunk_size=chunk_size, wide_output=True
+    )
+    acc = out.dtype
+    current = (r.to(acc) * u.to(acc)[None, :, None, :] * k.to(acc)).sum(-1, keepdim=True) * v.to(acc)
+    out = (out + current).to(q.dtype)
     if initial_state is None and not output_final_state:
         return out
     gd = torch_gate_dtype(g)

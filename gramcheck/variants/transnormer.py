@@ -62,8 +62,11 @@ def torch_norm(
     norm_eps: float,
 ) -> Any:
     phi = elementwise(feature)
-    u = linear_recurrence(phi(TORCH, q), phi(TORCH, k), v, causal=causal, form=form, chunk_size=chunk_size)
-    return _output_norm(TORCH, u, norm, gain, norm_eps)
+    fq = phi(TORCH, q)
+    # normalised from the float32 accumulators, stored once: a float16 phi(Q)(phi(K)^T V) overflows where
+    # its RMS-normalised output does not
+    u = linear_recurrence(fq, phi(TORCH, k), v, causal=causal, form=form, chunk_size=chunk_size, wide_output=True)
+    return _output_norm(TORCH, u, norm, gain, norm_eps).to(fq.dtype)
 
 
 def jacobian_norm(var: Any, q: Any, k: Any, v: Any, *, causal: bool, params: Any, extras: Any) -> dict[str, float]:
@@ -128,8 +131,12 @@ def torch_diag_subtracted(
 ) -> Any:
     phi = elementwise(feature)
     fq, fk = phi(TORCH, q), phi(TORCH, k)
-    full = linear_recurrence(fq, fk, v, causal=causal, form=form, chunk_size=chunk_size)
-    return (full - (fq * fk).sum(-1, keepdim=True) * v) * tau
+    # the difference taken from the float32 accumulators, stored once: A V overflows float16 where
+    # (A - diag A) V need not
+    full = linear_recurrence(fq, fk, v, causal=causal, form=form, chunk_size=chunk_size, wide_output=True)
+    acc = full.dtype
+    diag = (fq.to(acc) * fk.to(acc)).sum(-1, keepdim=True) * v.to(acc)
+    return ((full - diag) * tau).to(fq.dtype)
 
 
 VARIANTS = [
