@@ -413,17 +413,13 @@ def _judge(
     mag = slice_magnitude(np.where(defined, t.value, 0.0), v)
     err = np.abs(out - t.value) + t.bound  # worst case over the truth's own uncertainty
     err = np.where(np.isnan(err), np.inf, err)
-    # an exact value past the dtype's range has no finite answer in the dtype (it rounds to the infinity
-    # of its sign, and terms that overflow with both signs give NaN): a non-finite output there is not
-    # judged; a finite one is held to the bounds
-    beyond = defined & (np.abs(t.value) - t.bound >= overflow_threshold(dtype))
-    err = np.where(beyond & ~np.isfinite(out), 0.0, err)
-    # where every standard algorithm in the dtype leaves its range (a float16 feature or numerator past
-    # 65504), a non-finite output is the dtype's limit, not the target's error (as ``judged_in_range``)
-    exhausted = defined & ~beyond & ~np.isfinite(out)
-    if exhausted.any():
-        exhausted &= np.logical_and.reduce([~np.isfinite(f.value) for f in naive.forward])
-        err = np.where(exhausted, 0.0, err)
+    # an exact value past the dtype's range, or within its (finite) bound of it, rounds to the infinity of
+    # its sign: that output is right there (NaN, or the other infinity, is not); a finite one is held to the
+    # bounds
+    reach_inf = np.fmin(bound, pbound)
+    reach_inf = np.where(np.isfinite(reach_inf), reach_inf, 0.0)
+    beyond = defined & (np.abs(t.value) - t.bound + reach_inf >= overflow_threshold(dtype))
+    err = np.where(beyond & (out == np.copysign(np.inf, t.value)), 0.0, err)
     # 1. worst case, where the bound is below the magnitude of the outputs it bounds
     wc = defined & np.isfinite(bound) & (bound < mag)
     # 2. the probabilistic bound where that one is informative
@@ -465,16 +461,20 @@ def _judge(
                 e_n = max(e - t_bound, 0.0)
                 return e_n, LOW_PRECISION_K * e_n + LOW_PRECISION_FLOOR_ULPS * u * size
 
-            if size <= t_bound:
+            if size <= t_bound and np.isfinite(norm(resolution())):
                 # the exact value is 0 (to the truth's own bound): a yardstick that rounds cancelling terms
                 # alike is exact by luck (tau (A v - diag(A) v) at N = 1), so the yardstick is one rounding
-                # of every stored result instead, at least as large as any standard algorithm's luck
+                # of every stored result instead, at least as large as any standard algorithm's luck (where
+                # that is finite: an infinite one would pass anything)
                 e_n, b_lp, yardstick = norm(resolution()), LOW_PRECISION_K * norm(resolution()), "resolution"
                 details["exact_zero_slices"] = details.get("exact_zero_slices", 0) + 1
             else:
                 yardstick = "naive"
                 e_n, b_lp = rule(naive.error(t.value, lp_s, u, norm, lambda e, e_t=e_t: e_t > rule(e)[1]))
+                if size <= t_bound:  # an exact 0 without a finite resolution: the truth's own bound is no error
+                    e_t = max(norm(np.abs(out - t.value)) - t_bound, 0.0)
             r_s = e_t / b_lp if b_lp > 0 else (0.0 if e_t == 0 else float("inf"))
+            r_s = float("inf") if r_s != r_s else r_s  # inf / inf: no bound holds an infinite error
             # a failure that holds at the truth's most favourable value is settled; a pass always is
             e_t_least = max(norm(np.abs(out - t.value)) - t_bound, 0.0)
             b_most = LOW_PRECISION_K * (e_n + 2 * t_bound) + LOW_PRECISION_FLOOR_ULPS * u * (size + t_bound)
@@ -531,12 +531,11 @@ def _judge(
             "worst_index": list(worst_at) if worst_at is not None else None,
         }
     )
-    out_of_range = beyond | exhausted
+    out_of_range = beyond & np.isinf(out)
     informative = int((wc & (bound > 0) & ~flushed & ~out_of_range).sum()) + lp_count
     informative += int((pr & (pbound > 0) & ~flushed & ~out_of_range).sum())
     if out_of_range.any():
-        # exact values past the dtype's range, and non-finite outputs where every standard algorithm is
-        details["out_of_range_entries"] = int(out_of_range.sum())
+        details["out_of_range_entries"] = int(out_of_range.sum())  # exact values past the range, returned inf
     n_flushed = int(flushed.sum())
     if n_flushed:
         details["flushed_entries"] = n_flushed
@@ -549,7 +548,7 @@ def _judge(
         details["unjudged"] = ["output"]
         floor = f"{unbounded} at the dtype's noise floor or unbounded"
         floor += f", {n_flushed} within reach of flushing" if n_flushed else ""
-        floor += f", {n_beyond} past the dtype's range for every standard algorithm" if n_beyond else ""
+        floor += f", {n_beyond} past the dtype's range" if n_beyond else ""
         details["note"] = f"no inexact entry judged ({floor})"
     if worst_at is not None:
         b_worst = {"worst-case": bound, "probabilistic": pbound}.get(worst_rule)

@@ -75,8 +75,14 @@ def reference(ar: Any, q: Any, k: Any, v: Any, *, causal: bool, scale: float | N
 def torch_forward(
     q: Any, k: Any, v: Any, *, causal: bool, form: str, chunk_size: int, scale: float | None, eps: float
 ) -> Any:
-    fq, fk = taylor_features(TORCH, q, scale), taylor_features(TORCH, k, scale)
-    return torch_normalised(fq, fk, v, causal=causal, form=form, chunk_size=chunk_size, eps=eps)
+    import torch
+
+    # the Taylor map in the float32 accumulators, as fla's based kernels expand 1 + z + z^2/2 in registers:
+    # x x^T / sqrt(2 d) of a 16-bit input overflows float16 at |x| ~ 360 where the normalised output does not
+    acc = torch.promote_types(q.dtype, torch.float32)
+    fq, fk = taylor_features(TORCH, q.to(acc), scale), taylor_features(TORCH, k.to(acc), scale)
+    out = torch_normalised(fq, fk, v.to(acc), causal=causal, form=form, chunk_size=chunk_size, eps=eps)
+    return out.to(q.dtype)
 
 
 def features(ar: Any, q: Any, k: Any, *, scale: float | None, **_: Any) -> tuple[Any, Any]:
