@@ -252,7 +252,7 @@ def _run_property(
         "head_sizes": HEAD_SIZES,
     }
     strategy = attention_inputs(target.variant, dtype=target.dtype, kinds=kinds, **sizes)
-    rows = sizes["max_b"] if sizes["max_b"] != domain.max_b else None  # recorded: the domain says fewer
+    rows = prop.min_b if prop.min_b > domain.max_b else None  # recorded where the domain says fewer
     base = profile(profile_name)
     budget = min(domain.examples or base.max_examples, prop.max_examples or math.inf)
     # a third of the examples is kept for the kinds the search does not draw (one explicit example each)
