@@ -63,3 +63,21 @@ def test_mp_precision_restores_even_on_error():
         with mp_precision(300):
             raise RuntimeError("boom")
     assert mpmath.mp.prec == before
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_the_overflow_threshold_is_the_least_magnitude_that_rounds_to_infinity(dtype):
+    """Cast as a kernel stores its accumulator: from float32 for the 16-bit formats, from float64 for float32
+    (torch casts float64 to float16 through float32, which rounds 65519.99... up to 65520 first)."""
+    import numpy as np
+    import torch
+
+    from gramcheck.precision import overflow_threshold
+
+    wide = torch.float64 if dtype == "float32" else torch.float32
+    t = torch.tensor(overflow_threshold(dtype), dtype=torch.float64).to(wide)
+    assert float(t) == overflow_threshold(dtype)  # representable in the accumulator
+    below = torch.nextafter(t, torch.zeros_like(t))
+    got = torch.stack([t, -t, below, -below]).to(getattr(torch, dtype)).double().numpy()
+    assert np.isposinf(got[0]) and np.isneginf(got[1]) and np.all(np.isfinite(got[2:])), got
+    assert overflow_threshold("float64") == math.inf
