@@ -461,22 +461,23 @@ def _judge(
                 e_n = max(e - t_bound, 0.0)
                 return e_n, LOW_PRECISION_K * e_n + LOW_PRECISION_FLOOR_ULPS * u * size
 
-            if size <= t_bound and np.isfinite(norm(resolution())):
-                # the exact value is 0 (to the truth's own bound): a yardstick that rounds cancelling terms
-                # alike is exact by luck (tau (A v - diag(A) v) at N = 1), so the yardstick is one rounding
-                # of every stored result instead, at least as large as any standard algorithm's luck (where
-                # that is finite: an infinite one would pass anything)
-                e_n, b_lp, yardstick = norm(resolution()), LOW_PRECISION_K * norm(resolution()), "resolution"
+            e_t_least = max(norm(np.abs(out - t.value)) - t_bound, 0.0)  # at the truth's most favourable value
+            exact_zero = size <= t_bound  # the exact value is 0, to the truth's own bound
+            zero_yardstick = norm(resolution()) if exact_zero else float("inf")
+            if np.isfinite(zero_yardstick):
+                # a yardstick that rounds cancelling terms alike is exact by luck (tau (A v - diag(A) v) at
+                # N = 1), so the yardstick is one rounding of every stored result instead, at least as large
+                # as any standard algorithm's luck (where that is finite: an infinite one would pass anything)
+                e_n, b_lp, yardstick = zero_yardstick, LOW_PRECISION_K * zero_yardstick, "resolution"
                 details["exact_zero_slices"] = details.get("exact_zero_slices", 0) + 1
             else:
                 yardstick = "naive"
                 e_n, b_lp = rule(naive.error(t.value, lp_s, u, norm, lambda e, e_t=e_t: e_t > rule(e)[1]))
-                if size <= t_bound:  # an exact 0 without a finite resolution: the truth's own bound is no error
-                    e_t = max(norm(np.abs(out - t.value)) - t_bound, 0.0)
+                if exact_zero:  # without a finite resolution: the truth's own bound is no error of the target
+                    e_t = e_t_least
             r_s = e_t / b_lp if b_lp > 0 else (0.0 if e_t == 0 else float("inf"))
             r_s = float("inf") if r_s != r_s else r_s  # inf / inf: no bound holds an infinite error
             # a failure that holds at the truth's most favourable value is settled; a pass always is
-            e_t_least = max(norm(np.abs(out - t.value)) - t_bound, 0.0)
             b_most = LOW_PRECISION_K * (e_n + 2 * t_bound) + LOW_PRECISION_FLOOR_ULPS * u * (size + t_bound)
             rule_open = rule_open or (r_s > 1.0 and not e_t_least > b_most)
             if r_s > r_lp:

@@ -370,17 +370,6 @@ def test_float16_softmax_overflowing_before_its_scale_fails_where_a_standard_alg
     assert verdicts["softmax_sdpa"][0] and verdicts["builtin:softmax"][0], verdicts
 
 
-def _float16_masked_by_product(q, k, v, *, causal):
-    """Causal normalised elu + 1 attention with the mask applied as a product: a future score past 65504
-    is inf, and inf * 0 is NaN in every row before it."""
-    import torch
-
-    fq, fk = torch.nn.functional.elu(q) + 1, torch.nn.functional.elu(k) + 1
-    n = q.shape[-2]
-    s = (fq @ fk.transpose(-1, -2)) * torch.ones(n, n, dtype=q.dtype).tril()
-    return ((s.float() @ v.float()) / s.float().sum(-1, keepdim=True)).to(q.dtype)
-
-
 def test_float16_outputs_past_the_range_and_intermediates_every_algorithm_overflows():
     """float16, q = k = v = 100 at N = 1: (q . k) v = 1e6 is past the range, so inf is its rounding and
     passes, while NaN, -inf and a finite 65504 fail. elu + 1 attention's numerator 1.02e6 overflows in the
@@ -409,11 +398,13 @@ def test_float16_outputs_past_the_range_and_intermediates_every_algorithm_overfl
     k = np.array([1.0, 1.0, 300.0]).reshape(1, 1, 3, 1)
     v = np.array([1.0, -2.0, 3.0]).reshape(1, 1, 3, 1)
     verdicts = {}
-    for fn in (_float16_masked_by_product, "builtin:linear-elu"):
+    from broken import linear_elu_masked_by_product
+
+    for fn in (linear_elu_masked_by_product, "builtin:linear-elu"):
         t = make_target(fn, "linear-elu", dtype="float16")
         f = check_agreement("agreement", t(q, k, v, causal=True), "linear-elu", q, k, v, causal=True, dtype="float16")
         verdicts[getattr(fn, "__name__", fn)] = (f.passed, f.measured)
-    assert verdicts["_float16_masked_by_product"] == (False, np.inf), verdicts
+    assert verdicts["linear_elu_masked_by_product"] == (False, np.inf), verdicts
     assert verdicts["builtin:linear-elu"][0], verdicts
 
 

@@ -83,11 +83,13 @@ def low_precision(target: Target, ex: AttentionInputs, *, causal: bool) -> Findi
         def rule(e: float, floor: float = floor) -> float:
             return LOW_PRECISION_K * e + floor
 
-        exact_zero = bool(np.all(np.abs(t.value[j]) <= t.bound[j]))
-        if exact_zero and resolution is None:
-            resolution = resolution_radius(var, ex.q, ex.k, ex.v, causal=causal, dtype=target.dtype, **kw)
-        if exact_zero and resolution is not None and np.isfinite(largest(resolution)):  # as agreement
-            err_n = largest(resolution)
+        zero_yardstick = float("inf")
+        if np.all(np.abs(t.value[j]) <= t.bound[j]):  # the exact value is 0: one rounding per result, as agreement
+            if resolution is None:
+                resolution = resolution_radius(var, ex.q, ex.k, ex.v, causal=causal, dtype=target.dtype, **kw)
+            zero_yardstick = largest(resolution)
+        if np.isfinite(zero_yardstick):
+            err_n = zero_yardstick
         else:
             err_n = forms.error(t.value, j, u, largest, lambda e, err_t=err_t: err_t > rule(e))
         bound = rule(err_n)
