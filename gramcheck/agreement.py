@@ -213,6 +213,40 @@ def yardstick_error(
     return max(errors) if errors else size(np.abs(forms[0].value - truth_value))
 
 
+def unresolved_entries(variant: Any, q: Any, k: Any, v: Any, *, causal: bool, dtype: Any, **kwargs: Any) -> np.ndarray:
+    """The output entries (shaped as v) of the rows whose denominator den_i + eps one rounding of each
+    feature stored in ``dtype`` can make 0: |den_i + eps| <= u lean_i + (u - u^2) scale_i
+    (``spectra.denominator_terms``; proofs/low-precision-rule.md, "Unresolved denominators"). There the
+    model's guarantees determine the output of no algorithm that stores its features in the dtype, not
+    even its sign. Only for variants whose denominator is that of their features (tag
+    ``feature-denominator``), and only in rows whose float64 terms are finite with scale_i > 0."""
+    from .spectra import denominator_terms
+
+    var = _variants.get(variant)
+    params = var.split_kwargs(kwargs)[0]
+    none = np.zeros(np.shape(v), dtype=bool)
+    if "feature-denominator" not in var.tags(params):
+        return none
+    u = unit_roundoff(dtype)
+    with np.errstate(all="ignore"):
+        fq, fk = var.features(q, k, **kwargs)
+        den, lean, scale = denominator_terms(fq, fk, causal=causal)
+        reach = u * lean + (u - u * u) * scale
+        rows = np.isfinite(den) & np.isfinite(reach) & (scale > 0) & (np.abs(den + float(params["eps"])) <= reach)
+    return none | rows[..., None]
+
+
+def output_distance(out: np.ndarray, truth_value: np.ndarray, dtype: Any) -> np.ndarray:
+    """|out - truth| entrywise, an infinite output read as the value nearest the truth that rounds to it
+    in ``dtype`` (its distance max(T - s truth, 0) for the infinity of sign s, T the overflow threshold:
+    0 where the exact value is past the range; infinite in float64) and NaN as an infinite distance
+    (proofs/fp-forward-error.md, "Past the dtype's range")."""
+    with np.errstate(invalid="ignore"):
+        to_inf = np.maximum(overflow_threshold(dtype) - np.sign(out) * truth_value, 0.0)
+        d = np.where(np.isinf(out), to_inf, np.abs(out - truth_value))
+    return np.where(np.isnan(d), np.inf, d)
+
+
 def judged_in_range(forms: list[Naive], truth_value: np.ndarray, candidates: np.ndarray, u: float) -> np.ndarray:
     """The entries of ``candidates`` the low-precision rules can judge: where the naive definition is
     finite and decided by rounding, and beyond those, where another standard algorithm is, if one is on
@@ -324,6 +358,7 @@ def check_agreement(
         model = rounding_evaluation(var, q, k, v, causal=causal, dtype=dtype, **kwargs)
     bound, approx = model.bound, model.value
     reach = flushing_reach(var, bound, q, k, v, causal=causal, dtype=dtype, **kwargs)
+    unresolved = unresolved_entries(var, q, k, v, causal=causal, dtype=dtype, **kwargs)
     scale = slice_magnitude(approx, v)
     vacuous_guess = ~(bound < 0.5 * scale)
     if vacuous_guess.any():
@@ -357,10 +392,11 @@ def check_agreement(
     first = np.where(vacuous_guess, np.minimum(pbound, bound), bound)
     need = first
     if vacuous_guess.any():
-        definition = naive.forward[0]
-        with np.errstate(invalid="ignore"):
-            miss = np.abs(definition.value - approx)
-        lp_need = np.where(definition.in_range(approx, u), np.maximum(fallback, miss), np.inf)
+        lp_need = np.full(approx.shape, np.inf)
+        for form in naive.forward:  # every yardstick the rule may take where it is in range (judged_in_range)
+            with np.errstate(invalid="ignore"):
+                miss = np.abs(form.value - approx)
+            lp_need = np.minimum(lp_need, np.where(form.in_range(approx, u), np.maximum(fallback, miss), np.inf))
         need = np.where(vacuous_guess, np.minimum(first, lp_need), first)
     # an entry no rule can judge (every bound infinite, the naive definition not finite or moved by the
     # range) asks only for the slice magnitude that decides which rule judges its neighbours
@@ -377,7 +413,9 @@ def check_agreement(
         else:  # the separate truth only for the entries the model's certificate does not meet
             t = truth_given(var, q, k, v, model.certificate, causal=causal, digits=None, atol=atol, **kwargs)
         t = t.exact_where((model.bound == 0) & np.isfinite(approx), approx)  # a zero radius: exact
-        judged = _judge(name, out, v, t, bound, pbound, probability, naive, u, dtype, bound32, resolution, reach)
+        judged = _judge(
+            name, out, v, t, bound, pbound, probability, naive, u, dtype, bound32, resolution, reach, unresolved
+        )
         if not judged.rule_open:
             break
     return judged.finding
@@ -403,23 +441,21 @@ def _judge(
     bound32: Callable[[], Any],
     resolution: Callable[[], np.ndarray],
     reach: np.ndarray | float = 0.0,
+    unresolved: np.ndarray | None = None,
 ) -> _Judged:
     """The Finding of ``check_agreement`` on the truth ``t``, every error counted at its worst over the
     truth's bound; entries within ``reach`` of flushing (``flushing_reach`` at least their |truth|) are
-    held to their bounds but say nothing of the output's accuracy: they are not counted as informative."""
+    held to their bounds but say nothing of the output's accuracy: they are not counted as informative.
+    ``unresolved`` entries (``unresolved_entries``) are judged by no rule; NaN there still fails."""
     rule_open = False
     flushed = ~t.undefined & (reach > 0) & ~(reach < np.abs(t.value))
-    defined = ~t.undefined
+    unresolved = np.zeros(np.shape(out), dtype=bool) if unresolved is None else ~t.undefined & unresolved
+    defined = ~t.undefined & ~unresolved
     mag = slice_magnitude(np.where(defined, t.value, 0.0), v)
-    err = np.abs(out - t.value) + t.bound  # worst case over the truth's own uncertainty
-    err = np.where(np.isnan(err), np.inf, err)
-    # an exact value past the dtype's range, or within its (finite) bound of it, rounds to the infinity of
-    # its sign: that output is right there (NaN, or the other infinity, is not); a finite one is held to the
-    # bounds
-    reach_inf = np.fmin(bound, pbound)
-    reach_inf = np.where(np.isfinite(reach_inf), reach_inf, 0.0)
-    beyond = defined & (np.abs(t.value) - t.bound + reach_inf >= overflow_threshold(dtype))
-    err = np.where(beyond & (out == np.copysign(np.inf, t.value)), 0.0, err)
+    dist = output_distance(out, t.value, dtype)
+    err = dist + t.bound  # worst case over the truth's own uncertainty
+    # infinities the entrywise bounds allow (the exact value past the range, or within a bound of it)
+    out_of_range = defined & np.isinf(out) & (err <= np.where(np.isfinite(bound), bound, 0.0))
     # 1. worst case, where the bound is below the magnitude of the outputs it bounds
     wc = defined & np.isfinite(bound) & (bound < mag)
     # 2. the probabilistic bound where that one is informative
@@ -461,7 +497,7 @@ def _judge(
                 e_n = max(e - t_bound, 0.0)
                 return e_n, LOW_PRECISION_K * e_n + LOW_PRECISION_FLOOR_ULPS * u * size
 
-            e_t_least = max(norm(np.abs(out - t.value)) - t_bound, 0.0)  # at the truth's most favourable value
+            e_t_least = max(norm(dist) - t_bound, 0.0)  # at the truth's most favourable value
             exact_zero = size <= t_bound  # the exact value is 0, to the truth's own bound
             zero_yardstick = norm(resolution()) if exact_zero else float("inf")
             if np.isfinite(zero_yardstick):
@@ -496,19 +532,30 @@ def _judge(
                 lp_err = np.where(lp, err, -1.0)
                 measured, worst_rule = r_lp, "low-precision rule"
                 worst_at = tuple(int(i) for i in np.unravel_index(int(np.argmax(lp_err)), lp_err.shape))
-        unbounded = int((rest & ~lp_all).sum()) + int(noisy.sum())
-    else:
-        unbounded = int(rest.sum()) + int(noisy.sum())
-    # rounding noise says nothing of accuracy, but no correct algorithm leaves its worst-case bound there
-    held = noisy & np.isfinite(bound)
+        rest &= ~lp_all
+    unbounded = int(rest.sum()) + int(noisy.sum())
+    # rounding noise says nothing of accuracy, but no correct algorithm leaves its worst-case bound there;
+    # nor is a non-finite output within a finite bound where no rule is informative (every standard
+    # algorithm in the dtype overflowing is no excuse: a kernel's float32 accumulators do not)
+    held = (noisy | (rest & ~np.isfinite(out))) & np.isfinite(bound)
     if held.any():
         r = np.where(held, error_ratios(err, bound), 0.0)
         idx = np.unravel_index(int(np.argmax(r)), r.shape)
         ratios["worst-case"] = max(ratios.get("worst-case", 0.0), float(r[idx]))
         if float(r[idx]) > measured:
             measured, worst_rule, worst_at = float(r[idx]), "worst-case", tuple(int(i) for i in idx)
+    if unresolved.any():
+        details["unresolved_entries"] = int(unresolved.sum())
+        details["note"] = (
+            f"{int(unresolved.sum())} entries in rows whose denominator one rounding of the stored features can "
+            "make 0: not judged (NaN there is)"
+        )
+        lost = unresolved & np.isnan(out)  # no rounding of the features makes a NaN of a resolved numerator
+        if lost.any():
+            measured, worst_rule = float("inf"), "unresolved"
+            worst_at = tuple(int(i) for i in np.argwhere(lost)[0])
     judged = wc | pr
-    abs_err = np.where(judged, np.abs(out - t.value), 0.0)
+    abs_err = np.where(judged, dist, 0.0)
     counterexample = None
     if measured > 1.0 and worst_at is not None:
         b_at = {"worst-case": bound, "probabilistic": pbound}.get(worst_rule)
@@ -532,24 +579,26 @@ def _judge(
             "worst_index": list(worst_at) if worst_at is not None else None,
         }
     )
-    out_of_range = beyond & np.isinf(out)
     informative = int((wc & (bound > 0) & ~flushed & ~out_of_range).sum()) + lp_count
     informative += int((pr & (pbound > 0) & ~flushed & ~out_of_range).sum())
+    informative += int((held & ~noisy & ~out_of_range).sum())
     if out_of_range.any():
         details["out_of_range_entries"] = int(out_of_range.sum())  # exact values past the range, returned inf
     n_flushed = int(flushed.sum())
     if n_flushed:
         details["flushed_entries"] = n_flushed
-        details["note"] = (
+        flushing = (
             f"{n_flushed} entries within reach of flushing (its charges reach their magnitude): held to their "
             "bounds, not judged for accuracy"
         )
-    n_beyond = int(out_of_range.sum())
-    if (unbounded or n_flushed or n_beyond) and not informative:  # only exact entries, or none: the pass says nothing
+        details["note"] = "; ".join(filter(None, (details.get("note"), flushing)))
+    n_beyond, n_unresolved = int(out_of_range.sum()), int(unresolved.sum())
+    if (unbounded or n_flushed or n_beyond or n_unresolved) and not informative:  # only exact entries, or none
         details["unjudged"] = ["output"]
         floor = f"{unbounded} at the dtype's noise floor or unbounded"
         floor += f", {n_flushed} within reach of flushing" if n_flushed else ""
         floor += f", {n_beyond} past the dtype's range" if n_beyond else ""
+        floor += f", {n_unresolved} in rows whose denominator the dtype does not resolve" if n_unresolved else ""
         details["note"] = f"no inexact entry judged ({floor})"
     if worst_at is not None:
         b_worst = {"worst-case": bound, "probabilistic": pbound}.get(worst_rule)

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .forms import accumulation_dtype
 from .validation import check_choice, check_positive_int
 
 FORMS = ("chunked", "recurrent")
@@ -50,12 +51,6 @@ def _torch() -> Any:
     import torch
 
     return torch
-
-
-def _acc_dtype(x: Any) -> Any:
-    """Accumulation dtype: at least float32."""
-    torch = _torch()
-    return torch.promote_types(x.dtype, torch.float32)
 
 
 def _gate_dtype(x: Any) -> Any:
@@ -109,7 +104,7 @@ def delta_rule(
 def recurrent(q: Any, k: Any, v: Any, beta: Any, g: Any = None, *, initial_state: Any = None) -> tuple[Any, Any]:
     """(o, S_N): the recurrence token by token, state and products in the accumulation dtype."""
     torch = _torch()
-    acc = _acc_dtype(q)
+    acc = accumulation_dtype(q)
     qa, ka, va, ba = q.to(acc), k.to(acc), v.to(acc), beta.to(acc)
     alpha = None if g is None else g.to(acc).exp()
     state = _initial(q, v, initial_state, acc)
@@ -141,7 +136,7 @@ def chunked(
     c = check_positive_int("chunk_size", chunk_size)
     B, H, N, dk = q.shape
     dv = v.shape[-1]
-    acc = _acc_dtype(q)
+    acc = accumulation_dtype(q)
     qc, kc, vc = (_pad_chunks(x.to(acc), c) for x in (q, k, v))
     bc = _pad_chunks(beta.to(acc), c)  # (B, H, nc, c)
     nc = qc.shape[2]

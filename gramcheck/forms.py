@@ -68,10 +68,11 @@ def _causal_mask(n: int, device: Any) -> Any:
     return torch.ones(n, n, dtype=torch.bool, device=device).tril()
 
 
-def _acc_dtype(x: Any) -> Any:
-    """Accumulation dtype of the states: at least float32."""
+def accumulation_dtype(x: Any) -> Any:
+    """The dtype a kernel accumulates a tensor (or dtype) ``x`` in: at least float32 (states, dot
+    products, norms and features of float16 / bfloat16 inputs)."""
     torch = _torch()
-    return torch.promote_types(x.dtype, torch.float32)
+    return torch.promote_types(getattr(x, "dtype", x), torch.float32)
 
 
 def _gate_dtype(x: Any) -> Any:
@@ -106,7 +107,7 @@ def _check_state(s0: Any, q: Any, v: Any) -> Any:
         )
     if tuple(s0.shape) != expected:
         raise ValueError(f"initial_state: got shape {tuple(s0.shape)}; expected {expected} (B, H, d_k, d_v)")
-    return s0.to(device=q.device, dtype=_acc_dtype(q))
+    return s0.to(device=q.device, dtype=accumulation_dtype(q))
 
 
 def linear_recurrence(
@@ -133,7 +134,7 @@ def linear_recurrence(
     if g is not None and not causal:
         raise ValueError("causal: got False with decays g; expected causal=True (decayed recurrences are causal)")
     s0 = _check_state(initial_state, q, v)
-    od = _acc_dtype(q) if wide_output else q.dtype
+    od = accumulation_dtype(q) if wide_output else q.dtype
     if form == "parallel":
         out, state = _parallel(q, k, v, g, causal, s0, output_final_state, od)
     elif form == "recurrent":
@@ -151,12 +152,14 @@ def _decay_matrix(bt: Any, bs: Any, mask: Any) -> Any:
 
 
 def _decayed_scores(q: Any, k: Any, bq: Any, bk: Any, mask: Any) -> Any:
-    """A_ts = sum_c q_tc k_sc exp(b_tc - b_sc) on the mask (scalar decay when b has one channel)."""
+    """A_ts = sum_c q_tc k_sc exp(b_tc - b_sc) on the mask (scalar decay when b has one channel), 0 above
+    it by selection: a future key that is not finite, times a decay of 0, is NaN."""
     torch = _torch()
     if bq.shape[-1] == 1:
-        return (q @ k.transpose(-1, -2)) * _scalar_decay(bq, bk, mask).to(q.dtype)
-    decay = _decay_matrix(bq, bk, mask).to(q.dtype)
-    return torch.einsum("...tc,...sc,...tsc->...ts", q, k, decay)
+        scores = (q @ k.transpose(-1, -2)) * _scalar_decay(bq, bk, mask).to(q.dtype)
+    else:
+        scores = torch.einsum("...tc,...sc,...tsc->...ts", q, k, _decay_matrix(bq, bk, mask).to(q.dtype))
+    return torch.where(mask, scores, 0.0)
 
 
 def _scalar_decay(bt: Any, bs: Any, mask: Any) -> Any:
@@ -196,7 +199,7 @@ def chunked(q: Any, k: Any, v: Any, g: Any = None, *, causal: bool, chunk_size: 
 
 
 def _parallel(q: Any, k: Any, v: Any, g: Any, causal: bool, s0: Any, want_state: bool, od: Any) -> tuple[Any, Any]:
-    acc = _acc_dtype(q)
+    acc = accumulation_dtype(q)
     if not causal:
         if s0 is None and not want_state and od == q.dtype:
             return q @ (k.transpose(-1, -2) @ v), None
@@ -222,7 +225,7 @@ def _parallel(q: Any, k: Any, v: Any, g: Any, causal: bool, s0: Any, want_state:
 def _recurrent(q: Any, k: Any, v: Any, g: Any, causal: bool, s0: Any, od: Any) -> tuple[Any, Any]:
     torch = _torch()
     B, H, N, dk = q.shape
-    acc = _acc_dtype(q)
+    acc = accumulation_dtype(q)
     qa, ka, va = q.to(acc), k.to(acc), v.to(acc)
     state = qa.new_zeros(B, H, dk, v.shape[-1]) if s0 is None else s0
     if not causal:
@@ -253,7 +256,7 @@ def _chunked(q: Any, k: Any, v: Any, g: Any, causal: bool, c: int, s0: Any, od: 
     torch = _torch()
     B, H, N, dk = q.shape
     dv = v.shape[-1]
-    acc = _acc_dtype(q)
+    acc = accumulation_dtype(q)
     state = q.new_zeros(B, H, dk, dv, dtype=acc) if s0 is None else s0
     if not causal:  # no chunk sees another's partial state: one product over all tokens is the same sum
         state = state + k.to(acc).transpose(-1, -2) @ v.to(acc)
@@ -320,7 +323,7 @@ def _channel_decayed_intra(qc: Any, kc: Any, vc: Any, bl: Any, mask: Any) -> Any
     so neither factor can overflow and their product is exp(b_tc - b_sc) to two roundings. Inside the
     sub-block (``_diagonal_scores``) the reference is its first token, exact per pair in the rows past a
     decay too strong to factor."""
-    acc = _acc_dtype(qc)
+    acc = accumulation_dtype(qc)
     C = qc.shape[-2]
     sb = min(SUB_BLOCK, C)
     qa, ka = qc.to(acc), kc.to(acc)

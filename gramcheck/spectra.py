@@ -231,6 +231,15 @@ def feature_gram_spectrum(fk: Any, **kw: Any) -> Spectrum:
 # --------------------------------------------------------------------------------------------------
 # variants: factors where the variant has them, the dense matrix otherwise
 # --------------------------------------------------------------------------------------------------
+def denominator_terms(fq: Any, fk: Any, *, causal: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(den, lean, scale), each (..., N), from features fq, fk (..., N, m) in float64: with
+    z_i = sum_{j (<= i)} phi(k_j), den_i = phi(q_i) . z_i, lean_i = sum_c |phi(q_i)_c z_ic| and
+    scale_i = |phi(q_i)| . sum_j |phi(k_j)| (den_i / scale_i is the row's margin)."""
+    z = np.cumsum(fk, axis=-2) if causal else np.sum(fk, axis=-2, keepdims=True)
+    za = np.cumsum(np.abs(fk), axis=-2) if causal else np.sum(np.abs(fk), axis=-2, keepdims=True)
+    return np.sum(fq * z, axis=-1), np.sum(np.abs(fq * z), axis=-1), np.sum(np.abs(fq) * za, axis=-1)
+
+
 def normaliser_margin(fq: Any, fk: Any, *, causal: bool = False) -> dict[str, float]:
     """For den_i = phi(q_i) . sum_{j (<= i)} phi(k_j): ``margin`` = min_i den_i / (|phi(q_i)| . sum_j
     |phi(k_j)|) (1 for non-negative features; near 0 or negative means cancellation or a vanishing
@@ -240,10 +249,7 @@ def normaliser_margin(fq: Any, fk: Any, *, causal: bool = False) -> dict[str, fl
     for name, x in (("fq", fq), ("fk", fk)):
         if not np.all(np.isfinite(x)):
             raise ValueError(f"{name}: got non-finite entries in an array of shape {x.shape}; expected finite features")
-    z = np.cumsum(fk, axis=-2) if causal else np.sum(fk, axis=-2, keepdims=True)
-    za = np.cumsum(np.abs(fk), axis=-2) if causal else np.sum(np.abs(fk), axis=-2, keepdims=True)
-    den = np.sum(fq * z, axis=-1)
-    scale = np.sum(np.abs(fq) * za, axis=-1)
+    den, _, scale = denominator_terms(fq, fk, causal=causal)
     with np.errstate(divide="ignore", invalid="ignore"):
         rel = np.where(scale > 0, den / np.where(scale > 0, scale, 1.0), 0.0)
         big = float(np.max(np.abs(den)))

@@ -93,11 +93,11 @@ def torch_with_state(
     state, b_in (B, H, N, c) the cumulative log-decay that S_0 has undergone when token t reads it, b
     (B, H, N, c) the inclusive cumulative log-decay of the state update (both float64). Sums run in at
     least float32; the output keeps its dtype, the final state is in the accumulation dtype (as fla)."""
-    import torch
 
+    from .forms import accumulation_dtype
     from .torch_arith import TORCH as _T
 
-    acc = torch.promote_types(q.dtype, torch.float32)
+    acc = accumulation_dtype(q)
     if initial_state is not None:
         s0 = initial_state.to(acc)
         corr = initial_readout(_T, q.to(acc), b_in.exp().to(acc), s0)

@@ -62,3 +62,28 @@ def performer_shift_carried(q, k, v, *, causal, projection):
     ar = TorchDefinition(q.dtype, device=q.device, carried_shift=True)
     params = var.resolve_params(PERFORMER_EPS)
     return var.reference_fn(ar, q, k, v, causal=causal, projection=projection, **params)
+
+
+def performer_in_dtype(name: str, dtype: str, form: str = "chunked"):
+    """The builtin FAVOR+ variant ``name`` with its features computed and stored in the input dtype (as
+    performer-pytorch computes them outside autocast), where the builtin computes them in float32: every
+    feature's exponent rounds as the definition's does in that dtype, which the low-precision rule's
+    yardsticks must accept."""
+    from gramcheck.featuremaps import favor_causal
+    from gramcheck.targets import Target
+    from gramcheck.torch_arith import TORCH
+    from gramcheck.variants.common import torch_normalised
+    from gramcheck.variants.performer import _features, prefix_stabilised
+
+    var = V.get(name)
+    p = var.resolve_params({})
+
+    def favor_in_dtype(q, k, v, *, causal, projection):
+        w, eps, g = projection.to(dtype=q.dtype, device=q.device), p["eps"], None
+        if causal and prefix_stabilised(p, eps):
+            fq, fk, g = favor_causal(TORCH, q, k, w, kind=p["kind"], scale=p["scale"])
+        else:
+            fq, fk = _features(TORCH, q, k, w, p)
+        return torch_normalised(fq, fk, v, causal=causal, form=form, chunk_size=64, eps=eps, g=g)
+
+    return Target(favor_in_dtype, var, dtype=dtype, params=dict(p), name=f"{name} (features in {dtype})")

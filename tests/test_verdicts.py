@@ -408,6 +408,144 @@ def test_float16_outputs_past_the_range_and_intermediates_every_algorithm_overfl
     assert verdicts["builtin:linear-elu"][0], verdicts
 
 
+def test_float16_infinity_of_either_sign_within_the_bound_and_nan_where_no_rule_is_informative():
+    """(elu + 1) attention, unnormalised, in float16: phi(q).phi(k) v cancels terms of 1e8 in column 0 to
+    -202, whose worst-case bound (1.2e6) reaches past 65520 on both sides, so either infinity is a value
+    the bound allows (the builtin's RetNet returned +inf where the exact value was -849; the rule took the
+    truth's sign only). Where the exact value is -1.6e6 the bound no longer reaches +65520: +inf fails,
+    -inf passes. NaN is within no bound: it fails, although the naive definition overflows there and no
+    rule is informative (it passed unjudged before)."""
+    from gramcheck.agreement import check_agreement
+    from gramcheck.api import make_target
+
+    q = np.full((1, 1, 3, 1), 100.0)
+    k = np.array([100.0, 100.0, 1.0]).reshape(1, 1, 3, 1)
+    lu = make_target("builtin:linear-unnormalised", dtype="float16")
+
+    def verdicts(c: float) -> dict[float, bool]:
+        v = np.array([[10000.0, 40.0], [-10000.0, 40.0], [c, 0.0]]).reshape(1, 1, 3, 2)
+        exact = lu.variant.reference(q, k, v, causal=False)
+        assert exact[0, 0, 0, 0] == 202.0 * c and exact[0, 0, 0, 1] > 65520, exact
+        out = {}
+        for fill in (np.inf, -np.inf, np.nan):
+            o = lu(q, k, v, causal=False)
+            assert np.isposinf(o[..., 1]).all()
+            o[..., 0] = fill
+            f = check_agreement("agreement", o, lu.variant, q, k, v, causal=False, dtype="float16", **lu.params)
+            assert f.details["rule"] == "worst-case" and f.details["worst_bound"] < 1.3e6, f.details
+            out[fill] = f.passed
+            if fill != fill:
+                assert f.measured == np.inf and "unjudged" not in f.details, f.details
+        return out
+
+    assert verdicts(-1.0) == {np.inf: True, -np.inf: True, np.nan: False}
+    near = verdicts(-8000.0)
+    assert near[np.inf] is False and near[-np.inf] is True and near[np.nan] is False, near
+
+
+def _trig_favor_with_an_unresolved_row():
+    """Trigonometric FAVOR+ in float16, N = 12, d = 4, m = 8: row 11's denominator has margin 2.7e-4,
+    below one rounding of its features (2u = 9.8e-4); every other row's is resolved 20 times over."""
+    from gramcheck.featuremaps import random_projection
+    from gramcheck.precision import round_to
+
+    rng = np.random.default_rng(42)
+    q, k, v = (round_to(rng.standard_normal((1, 1, 12, 4)) * 1.5, "float16") for _ in range(3))
+    return q, k, v, round_to(random_projection(8, 4, seed=42), "float16")
+
+
+def test_a_row_whose_denominator_the_dtype_does_not_resolve_is_judged_by_no_rule(monkeypatch):
+    """Row 11 (above): perturbing each stored feature by at most one rounding (relative u) turns its
+    denominator's sign (the construction of proofs/low-precision-rule.md, "Unresolved denominators"),
+    while no such perturbation turns another row's. So the dtype determines no digit of row 11, and a
+    yardstick's luck there decided the rule in norm (trig FAVOR+ float16 at seed 2 failed at 1.73: the
+    builtin erred 1022 in norm against the naive definition's 295, and 0.72 against 0.61 without the
+    30 such rows). The row is judged by no rule: the builtin passes, and so does row 11 replaced by other
+    values (they fail when the row is judged), while NaN there, or every entry 3% off, fails."""
+    import gramcheck.agreement as A
+    from gramcheck.api import make_target
+    from gramcheck.spectra import denominator_terms
+
+    q, k, v, w = _trig_favor_with_an_unresolved_row()
+    t = make_target("builtin:performer-trig", dtype="float16")
+    var, kw = t.variant, {**t.params, "projection": w}
+    u = 2.0**-11
+    fq, fk = var.features(q, k, **kw)
+    den, lean, scale = denominator_terms(fq, fk, causal=False)
+    rng = np.random.default_rng(0)
+    for i in range(12):
+        sigma = np.sign(den[0, 0, i])
+        eps = -sigma * u * np.sign(fq[0, 0, i] * fk[0, 0])  # keys: every term towards 0
+        z = np.sum(fk[0, 0] * (1 + eps), axis=0)
+        delta = -sigma * u * np.sign(fq[0, 0, i] * z)
+        turned = np.sign(np.sum(fq[0, 0, i] * (1 + delta) * z)) != sigma
+        assert turned == (i == 11), (i, den[0, 0, i] / scale[0, 0, i])
+        reach = u * lean[0, 0, i] + (u + u * u) * scale[0, 0, i]  # no perturbation moves den farther
+        if i != 11:
+            assert abs(den[0, 0, i]) > reach
+            for _ in range(50):
+                e, dl = (u * rng.uniform(-1, 1, x.shape) for x in (fk[0, 0], fq[0, 0, i]))
+                assert np.sign(np.sum(fq[0, 0, i] * (1 + dl) * np.sum(fk[0, 0] * (1 + e), axis=0))) == sigma
+
+    def agreement(out):
+        return A.check_agreement("agreement", out, var, q, k, v, causal=False, dtype="float16", **kw)
+
+    out = t(q, k, v, causal=False, projection=w)
+    f = agreement(out)
+    assert f.passed and f.details["unresolved_entries"] == 4, f.details
+    other = out.copy()
+    other[0, 0, 11] = -10 * out[0, 0, 11]
+    assert agreement(other).passed
+    nan = out.copy()
+    nan[0, 0, 11, 2] = np.nan
+    g = agreement(nan)
+    assert not g.passed and g.details["rule"] == "unresolved", g.details
+    assert not agreement(out * 1.03).passed
+    monkeypatch.setattr(A, "unresolved_entries", lambda *a, **kw: np.zeros(np.shape(v), dtype=bool))
+    assert agreement(out).passed and not agreement(other).passed
+
+
+def test_rows_a_review_found_flagged_unresolved_though_the_definition_resolves_them():
+    """Each was flagged, and a wrong row there passed (a review): a relu row with no overlap divided by eps
+    (0 / 1e-6 = 0 exactly), where the flag ignored eps; trig FAVOR+ with eps = 1, whose margin is then 0.34;
+    keys of 20 whose float64 features overflow (inf <= inf); and feature_eps > 0, whose unstabilised features
+    are not the definition's. None is flagged now, and the wrong rows fail."""
+    from gramcheck import variants
+    from gramcheck.agreement import check_agreement, unresolved_entries
+    from gramcheck.featuremaps import random_projection
+    from gramcheck.precision import round_to
+
+    def wrong_row_fails(name, q, k, v, dtype, causal, row, value, **kw):
+        var = variants.get(name)
+        assert not unresolved_entries(var, q, k, v, causal=causal, dtype=dtype, **kw).any()
+        extras = {n: x for n, x in kw.items() if n == "projection"}
+        params = var.resolve_params({n: x for n, x in kw.items() if n not in extras})
+        exact = var.reference(q, k, v, causal=causal, **params, **extras)
+        assert check_agreement("a", exact, var, q, k, v, causal=causal, dtype=dtype, **kw).passed
+        bad = exact.copy()
+        bad[0, 0, row] = value(exact[0, 0, row])
+        assert not check_agreement("a", bad, var, q, k, v, causal=causal, dtype=dtype, **kw).passed, (name, kw)
+
+    rng = np.random.default_rng(0)
+    q, k, v = (round_to(rng.standard_normal((1, 1, 16, 8)), "float16") for _ in range(3))
+    q[0, 0, 3] = -np.abs(q[0, 0, 3])  # relu(q_3) = 0
+    for fill in (1000.0, np.inf):
+        wrong_row_fails("linear-relu", q, k, v, "float16", False, 3, lambda r, f=fill: np.full_like(r, f), eps=1e-6)
+    q, k, v, w = _trig_favor_with_an_unresolved_row()
+    wrong_row_fails("performer-trig", q, k, v, "float16", False, 11, lambda r: -5 * r + 3, eps=1.0, projection=w)
+    rng = np.random.default_rng(1)
+    q, k, v = (round_to(rng.standard_normal((1, 1, 8, 16)), "float16") for _ in range(3))
+    k[0, 0, 0] = round_to(20 * np.sign(rng.standard_normal(16)), "float16")
+    q[0, 0, 2] = q[0, 0, 5] = k[0, 0, 0]  # rows 2 and 5 are v_0, exactly
+    w = round_to(random_projection(8, 16, seed=1), "float16")
+    for causal in (False, True):
+        wrong_row_fails("performer-trig", q, k, v, "float16", causal, 2, lambda r: 1000.0 + 0 * r, projection=w)
+    rng = np.random.default_rng(30)
+    q, k, v = (round_to(rng.standard_normal((1, 1, 16, 4)) * 3.5, "float16") for _ in range(3))
+    w = round_to(random_projection(4, 4, seed=30), "float16")
+    wrong_row_fails("performer-trig", q, k, v, "float16", False, 8, lambda r: 5 - 7 * r, feature_eps=0.03, projection=w)
+
+
 def test_an_exact_zero_whose_resolution_is_infinite_keeps_the_naive_yardstick():
     """softmax in float32 with logits ~1e10 over pairs of equal keys with opposite values: every exact
     output is 0 and the naive definition is finite, but the resolution model's exp overflows. Judged

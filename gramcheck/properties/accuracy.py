@@ -10,10 +10,12 @@ from ..agreement import (
     LOW_PRECISION_K,
     check_agreement,
     naive_yardsticks,
+    output_distance,
     per_slice,
     resolution_radius,
     rounding_noise,
     slice_magnitude,
+    unresolved_entries,
 )
 from ..findings import Finding
 from ..oracle import truth
@@ -60,10 +62,13 @@ def low_precision(target: Target, ex: AttentionInputs, *, causal: bool) -> Findi
     if not defined.any():
         return None
     out = target(ex.q, ex.k, ex.v, causal=causal, **ex.extras)
-    value = np.where(defined, t.value, 0.0)
+    # rows whose denominator the dtype does not resolve are judged by no rule, as agreement (NaN still is),
+    # nor do their values set the output's scale
+    unresolved = unresolved_entries(var, ex.q, ex.k, ex.v, causal=causal, dtype=target.dtype, **kw)
+    value = np.where(defined & ~unresolved, t.value, 0.0)
     magnitude = slice_magnitude(value, ex.v)
     noisy = defined & np.isfinite(out) & rounding_noise(var, ex.q, ex.k, ex.v, causal=causal, magnitude=magnitude, **kw)
-    judged = defined & ~noisy
+    judged = defined & ~noisy & ~(unresolved & ~np.isnan(out))
     if not judged.any():
         return None  # every entry is rounding noise: this input judges nothing
     forms = naive_yardsticks(var, ex.q, ex.k, ex.v, causal=causal, dtype=target.dtype, **kw)
@@ -75,7 +80,7 @@ def low_precision(target: Target, ex: AttentionInputs, *, causal: bool) -> Findi
         def largest(diff: np.ndarray, m: np.ndarray = j) -> float:  # over the judged entries, NaN as inf
             return float(np.max(np.where(m, np.where(np.isnan(diff), np.inf, diff), 0.0), initial=0.0))
 
-        err_t = largest(np.abs(out - t.value))
+        err_t = largest(output_distance(out, t.value, target.dtype))
         # the scale of the output: |truth|, or |v| where the truth cancels to (near) zero
         scale = max(float(np.max(np.abs(value[at]))), float(np.max(np.abs(ex.v[at]))))
         floor = LOW_PRECISION_FLOOR_ULPS * u * scale

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from ..forms import accumulation_dtype
 from ..torch_arith import TORCH
 from .common import causal_keep, ref_normalised, torch_normalised
 from .spec import Variant
@@ -75,11 +76,10 @@ def reference(ar: Any, q: Any, k: Any, v: Any, *, causal: bool, scale: float | N
 def torch_forward(
     q: Any, k: Any, v: Any, *, causal: bool, form: str, chunk_size: int, scale: float | None, eps: float
 ) -> Any:
-    import torch
 
     # the Taylor map in the float32 accumulators, as fla's based kernels expand 1 + z + z^2/2 in registers:
     # x x^T / sqrt(2 d) of a 16-bit input overflows float16 at |x| ~ 360 where the normalised output does not
-    acc = torch.promote_types(q.dtype, torch.float32)
+    acc = accumulation_dtype(q)
     fq, fk = taylor_features(TORCH, q.to(acc), scale), taylor_features(TORCH, k.to(acc), scale)
     out = torch_normalised(fq, fk, v.to(acc), causal=causal, form=form, chunk_size=chunk_size, eps=eps)
     return out.to(q.dtype)

@@ -42,6 +42,7 @@ import numpy as np
 
 from ..delta_enclosure import enclosure
 from ..delta_forms import delta_rule
+from ..forms import accumulation_dtype
 from ..hyperparams import scale_value
 from ..inputs import InputSpec, scalar_log_decay
 from .common import chunk_decays, to_chunks
@@ -181,12 +182,11 @@ def torch_forward(
 ) -> Any:
     """The torch forms of gramcheck.delta_forms (``chunked``: WY / UT representation; ``recurrent``),
     after the l2 normalisation (in at least float32) and the scale."""
-    import torch
 
     from ..torch_arith import TORCH
 
     dtype = q.dtype
-    acc = torch.promote_types(dtype, torch.float32)
+    acc = accumulation_dtype(dtype)
     qa, ka = queries_and_keys(TORCH, q.to(acc), k.to(acc), scale, l2norm, l2norm_eps)
     res = delta_rule(
         qa,
@@ -264,6 +264,7 @@ _TAGS = frozenset({"causal", "causal-only", "linear-in-v", "state-passing", "con
 def l2norm_tags(params: Mapping[str, Any]) -> frozenset[str]:
     """With q and k l2-normalised inside, positive row scalings of q or k change nothing (beyond eps)."""
     return frozenset({"qk-scale-invariant"}) if params["l2norm"] else frozenset()
+
 
 VARIANTS = [
     Variant(

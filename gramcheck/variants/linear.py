@@ -109,7 +109,7 @@ _NORMALISED_TAGS = frozenset(
 def normalised_tags(params: Mapping[str, Any]) -> frozenset[str]:
     """relu features can leave a row with no positive overlap (den = 0); the Q and K Jacobian bounds are
     derived for eps = 0 (proofs/jacobian-bounds.md)."""
-    tags = {"vanishing-denominator"} if params["feature"] == "relu" else set()
+    tags = {"vanishing-denominator", "feature-denominator"} if params["feature"] == "relu" else set()
     if not params["eps"]:
         tags.add("jacobian-qk")
     return frozenset(tags)

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..featuremaps import favor, favor_causal
-from ..forms import CHUNK_SIZES
+from ..forms import CHUNK_SIZES, accumulation_dtype
 from ..inputs import projection as projection_input
 from ..torch_arith import TORCH
 from .common import chunked_gated_recurrence, ref_normalised, ref_normalised_gated, torch_normalised
@@ -93,20 +93,25 @@ def torch_forward(
     q: Any, k: Any, v: Any, *, causal: bool, form: str, chunk_size: int, projection: Any, eps: float, **p: Any
 ) -> Any:
     """Non-causal: the reference code's stabilisers. Causal (stabilised, no eps): keys by their
-    running maximum, feature by feature, with the matching decays (``favor_causal``), so no future token enters."""
-    w = projection.to(dtype=q.dtype, device=q.device)
+    running maximum, feature by feature, with the matching decays (``favor_causal``), so no future token enters.
+    The features are computed in at least float32 and stored in the inputs' dtype, as a kernel computes
+    them in registers: |x|^2 / 2 overflows float16 at |x| ~ 362 where the stabilised features do not."""
+    acc = accumulation_dtype(q)
+    qa, ka, w = q.to(acc), k.to(acc), projection.to(dtype=acc, device=q.device)
+    g = None
     if causal and prefix_stabilised(p, eps):
-        fq, fk, g = favor_causal(TORCH, q, k, w, kind=p["kind"], scale=p["scale"])
-        return torch_normalised(fq, fk, v, causal=True, form=form, chunk_size=chunk_size, eps=eps, g=g)
-    fq, fk = _features(TORCH, q, k, w, p)
-    return torch_normalised(fq, fk, v, causal=causal, form=form, chunk_size=chunk_size, eps=eps)
+        fq, fk, g = favor_causal(TORCH, qa, ka, w, kind=p["kind"], scale=p["scale"])
+    else:
+        fq, fk = _features(TORCH, qa, ka, w, p)
+    fq, fk = fq.to(q.dtype), fk.to(q.dtype)
+    return torch_normalised(fq, fk, v, causal=causal, form=form, chunk_size=chunk_size, eps=eps, g=g)
 
 
 def kind_tags(params: Mapping[str, Any]) -> frozenset[str]:
     """Positive and hyperbolic features give positive weights (rows sum to one, the row-normalisation
     bound applies); trigonometric features give signed weights and denominators that can vanish."""
-    if params["kind"] == "trig":
-        return frozenset({"vanishing-denominator"})
+    if params["kind"] == "trig":  # ``features`` are unstabilised: a positive factor per row, without feature_eps
+        return frozenset({"vanishing-denominator"} | ({"feature-denominator"} if not params["feature_eps"] else set()))
     return frozenset({"normalised-rows", "convex-hull", "row-normalisation"})
 
 

@@ -1,6 +1,6 @@
 """RetNet retention (Sun et al. 2023, "Retentive Network").
 
-Parallel (the definition used here): O = ((s Q K^T) * D) V with D_nm = gamma_h^{n-m} for n >= m, else 0;
+Parallel (the definition used here): O = (((s Q) K^T) * D) V with D_nm = gamma_h^{n-m} for n >= m, else 0;
 recurrent: S_n = gamma S_{n-1} + k_n v_n^T, o_n = S_n^T (s q_n); chunked as in gramcheck.forms.
 Per-head decay gamma_h = 1 - 2^{-5-h}, h = 0..H-1 (or ``gamma``: one value, or one per head);
 s = 1/sqrt(d_k) by default (as fla's naive_retention). ``group_norm`` applies the paper's GroupNorm
@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..forms import linear_recurrence
+from ..forms import accumulation_dtype, linear_recurrence
 from ..hyperparams import scale_value
 from ..torch_arith import TORCH
 from .common import CHUNKED, ORDERS, causal_keep, gated_recurrence, linear_in_order, standardise
@@ -75,10 +75,11 @@ def reference(
     keep = causal_keep(N)
     log_gamma = ar.log(ar.const(head_gammas(H, gamma)))[:, None, None]  # (H, 1, 1)
     decay = ar.fill(ar.exp(log_gamma * ar.const(np.where(keep, lags, 0))), keep, 0.0)
-    out = ar.matmul(ar.matmul(q, ar.mT(k)) * s * decay, v)
+    qs = q * s  # scaled first, as the recurrent and chunked orders and fla's naive_retention scale
+    out = ar.matmul(ar.matmul(qs, ar.mT(k)) * decay, v)
     if initial_state is not None:
         into = ar.exp(log_gamma * ar.const(np.arange(1.0, N + 1.0)[:, None]))  # (H, N, 1): gamma^{t+1}
-        out = out + ar.matmul(q * into, initial_state) * s
+        out = out + ar.matmul(qs * into, initial_state)
     if group_norm:
         out = standardise(ar, out, norm_eps)
     if not output_final_state:
@@ -119,7 +120,7 @@ def torch_forward(
 
     B, H, N, dk = q.shape
     s = scale_value(TORCH, scale, dk)
-    lg = torch.as_tensor(np.log(head_gammas(H, gamma)), dtype=torch.promote_types(q.dtype, torch.float32))
+    lg = torch.as_tensor(np.log(head_gammas(H, gamma)), dtype=accumulation_dtype(q))
     g = lg.to(q.device).reshape(1, H, 1, 1).expand(B, H, N, 1)
     res = linear_recurrence(
         q * s,
