@@ -236,6 +236,9 @@ def unresolved_entries(variant: Any, q: Any, k: Any, v: Any, *, causal: bool, dt
     return none | rows[..., None]
 
 
+COARSE_YARDSTICK = 0.1  # a yardstick off by this share of its slice's norm: said in the Finding's note
+
+
 def output_distance(out: np.ndarray, truth_value: np.ndarray, dtype: Any) -> np.ndarray:
     """|out - truth| entrywise, an infinite output read as the value nearest the truth that rounds to it
     in ``dtype`` (its distance max(T - s truth, 0) for the infinity of sign s, T the overflow threshold:
@@ -483,7 +486,7 @@ def _judge(
     lp_count = 0
     if rest.any():
         lp_all = judged_in_range(naive.forward, t.value, rest, u)
-        r_lp, lp = -1.0, lp_all
+        r_lp, lp, coarsest = -1.0, lp_all, 0.0
         for at, lp_s in per_slice(lp_all):  # each (batch, head) slice on its own; the worst one reported
 
             def norm(x: np.ndarray, m: np.ndarray = lp_s) -> float:  # Frobenius norm over the rule's entries
@@ -511,6 +514,7 @@ def _judge(
                 e_n, b_lp = rule(naive.error(t.value, lp_s, u, norm, lambda e, e_t=e_t: e_t > rule(e)[1]))
                 if exact_zero:  # without a finite resolution: the truth's own bound is no error of the target
                     e_t = e_t_least
+            coarsest = max(coarsest, e_n / size if size > 0 else 0.0)
             r_s = e_t / b_lp if b_lp > 0 else (0.0 if e_t == 0 else float("inf"))
             r_s = float("inf") if r_s != r_s else r_s  # inf / inf: no bound holds an infinite error
             # a failure that holds at the truth's most favourable value is settled; a pass always is
@@ -526,6 +530,10 @@ def _judge(
                     **({"yardstick": yardstick} if yardstick != "naive" else {}),
                 }
         lp_count = int(lp_all.sum())
+        if coarsest >= COARSE_YARDSTICK:  # the dtype computes that slice to no better than this
+            details["yardstick_share"] = coarsest
+            coarse = f"the rule's yardstick errs {coarsest:.0%} of a slice's norm: its verdict says little"
+            details["note"] = "; ".join(filter(None, (details.get("note"), coarse)))
         if r_lp >= 0:
             ratios["low-precision rule"] = r_lp
             if r_lp > measured:

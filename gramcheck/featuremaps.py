@@ -102,7 +102,14 @@ def favor(
 
 
 def favor_causal(
-    ar: Any, q: Any, k: Any, projection: Any, *, kind: str = "positive", scale: float | None = None
+    ar: Any,
+    q: Any,
+    k: Any,
+    projection: Any,
+    *,
+    kind: str = "positive",
+    scale: float | None = None,
+    causal: bool = True,
 ) -> tuple[Any, Any, Any]:
     """(phi(Q), phi(K), g) of causal FAVOR+, stabilised feature by feature with no future token entering.
 
@@ -121,11 +128,15 @@ def favor_causal(
     normalised output. Every feature of the state has a term of weight 1 (its maximising key) and the
     query's largest exponent is 0, so the denominator is at least 1 / count and no row's weights sink
     into the subnormals however the query and the keys are aligned (one shift per token, of queries by
-    their own maximum, left rows of weights ~1e-41 in float32; proofs/invariants.md)."""
+    their own maximum, left rows of weights ~1e-41 in float32; proofs/invariants.md).
+
+    ``causal=False``: M_j = max_s L^k_sj over every key (g = 0), the same guarantee for the non-causal
+    quotient, whose reference-code stabiliser (a shift per query, one for all keys) let a denominator of
+    1e-284 underflow to 0 / 0 in float32 where the output is v."""
     lq, mq, count, _ = _favor_parts(ar, q, projection, kind, scale)
     lk, mk, _, _ = _favor_parts(ar, k, projection, kind, scale)
-    run = ar.running_max(lk, -2)
-    g = ar.concat([run[..., :1, :], run[..., :-1, :]], axis=-2) - run
+    run = ar.running_max(lk, -2) if causal else ar.stop_max(lk, -2)
+    g = ar.concat([run[..., :1, :], run[..., :-1, :]], axis=-2) - run if causal else None
     if run.shape[-1] == 1:  # one log-amplitude per token (trig): M_t is a factor of row t, which cancels
         fq = ar.exp(lq - ar.stop_max(lq, -1))
     else:

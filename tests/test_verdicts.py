@@ -546,6 +546,29 @@ def test_rows_a_review_found_flagged_unresolved_though_the_definition_resolves_t
     wrong_row_fails("performer-trig", q, k, v, "float16", False, 8, lambda r: 5 - 7 * r, feature_eps=0.03, projection=w)
 
 
+def test_a_pass_against_a_coarse_yardstick_says_so():
+    """Trigonometric FAVOR+ in bfloat16 with feature_eps = 0.03 and inputs of 3.5 (a review's input): the naive
+    definition errs 42% of the output's norm, so the rule passes a row replaced by 5 - 7 times itself (0.09).
+    That is the rule as stated, but such a verdict says little, and the Finding's note now says so; a
+    well-resolved input (the same at scale 0.5) has no such note."""
+    from gramcheck import variants
+    from gramcheck.agreement import check_agreement
+    from gramcheck.featuremaps import random_projection
+    from gramcheck.precision import round_to
+
+    var = variants.get("performer-trig")
+    w = round_to(random_projection(4, 4, seed=3), "bfloat16")
+    params = {**var.resolve_params({"feature_eps": 0.03}), "projection": w}
+    for scale, coarse in ((3.5, True), (0.5, False)):
+        rng = np.random.default_rng(3)
+        q, k, v = (round_to(rng.standard_normal((1, 1, 16, 4)) * scale, "bfloat16") for _ in range(3))
+        exact = var.reference(q, k, v, causal=False, **params)
+        f = check_agreement("a", exact, var, q, k, v, causal=False, dtype="bfloat16", feature_eps=0.03, projection=w)
+        assert f.passed and ("yardstick_share" in f.details) == coarse, f.details
+        if coarse:
+            assert f.details["yardstick_share"] > 0.4 and "says little" in f.details["note"], f.details
+
+
 def test_an_exact_zero_whose_resolution_is_infinite_keeps_the_naive_yardstick():
     """softmax in float32 with logits ~1e10 over pairs of equal keys with opposite values: every exact
     output is 0 and the naive definition is finite, but the resolution model's exp overflows. Judged

@@ -593,3 +593,27 @@ def test_the_truth_is_asked_for_as_sharply_as_the_yardstick_that_judges():
     assert f.passed and lp["naive_error"] > 5 * lp["target_error"] > 0, f.details
     out = t(ex.q, ex.k, ex.v, causal=True, **ex.extras)
     assert not _agreement_of(_fixed(t, out * 1.03), ex).passed
+
+
+def test_non_causal_favor_is_stabilised_feature_by_feature():
+    """Hyperbolic FAVOR+ in bfloat16, N = 1, q = (688, -724), k = (988, 162): the output is v. With the reference
+    code's stabiliser (a shift per query, one shift for all keys) the features' largest entries sit at different
+    features and the denominator is 6.6e-284, which underflows to 0 / 0 in float32 (a builtin computing its
+    features in float32 returned NaN). Stabilised feature by feature (``favor_causal(..., causal=False)``), the
+    denominator is 1 / count (to the rounding of its exponents of 1e6) and the builtin returns v."""
+    from gramcheck.featuremaps import favor, favor_causal
+    from gramcheck.torch_arith import TORCH
+
+    w = np.array([[-0.8359375, -1.09375], [-0.34179688, 0.26171875], [0.5234375, 1.265625], [-0.21875, 0.09082031]])
+    w = round_to(w, "bfloat16")
+    q, k, v = (np.array(x, dtype=np.float64).reshape(1, 1, 1, 2) for x in ([688, -724], [988, 162], [-828, 560]))
+    import torch
+
+    tq, tk, tw = (torch.as_tensor(x, dtype=torch.float32) for x in (q, k, w))
+    per_token = [favor(TORCH, x, tw, kind="hyperbolic", is_query=x is tq) for x in (tq, tk)]
+    assert float((per_token[0] * per_token[1]).sum()) == 0.0  # the underflow the stabiliser must avoid
+    fq, fk, g = favor_causal(TORCH, tq, tk, tw, kind="hyperbolic", causal=False)
+    assert g is None and float((fq * fk).sum()) >= 0.9 / 8  # 1 / count, to the rounding of exponents ~1e6
+    t = builtin("performer-hyperbolic", dtype="bfloat16")
+    out = t(q, k, v, causal=False, projection=w)
+    assert np.array_equal(out, v), out

@@ -92,15 +92,20 @@ def features(ar: Any, q: Any, k: Any, *, projection: Any, eps: float, **p: Any) 
 def torch_forward(
     q: Any, k: Any, v: Any, *, causal: bool, form: str, chunk_size: int, projection: Any, eps: float, **p: Any
 ) -> Any:
-    """Non-causal: the reference code's stabilisers. Causal (stabilised, no eps): keys by their
-    running maximum, feature by feature, with the matching decays (``favor_causal``), so no future token enters.
-    The features are computed in at least float32 and stored in the inputs' dtype, as a kernel computes
-    them in registers: |x|^2 / 2 overflows float16 at |x| ~ 362 where the stabilised features do not."""
-    acc = accumulation_dtype(q)
+    """Stabilised without eps (the stabiliser then cancels): keys by their maximum feature by feature, a
+    running maximum with the matching decays when causal, so no future token enters (``favor_causal``);
+    otherwise the reference code's stabilisers.
+    In float16 the features are computed in float32 and stored in float16, as a kernel computes them in
+    registers: |x|^2 / 2 overflows float16 at |x| ~ 362 where the stabilised features do not. A dtype with
+    float32's range (bfloat16) computes them in the dtype, rounding as the definition does there."""
+    import torch
+
+    narrow = torch.finfo(q.dtype).max < torch.finfo(torch.float32).max
+    acc = accumulation_dtype(q) if narrow else q.dtype
     qa, ka, w = q.to(acc), k.to(acc), projection.to(dtype=acc, device=q.device)
     g = None
-    if causal and prefix_stabilised(p, eps):
-        fq, fk, g = favor_causal(TORCH, qa, ka, w, kind=p["kind"], scale=p["scale"])
+    if prefix_stabilised(p, eps):  # feature by feature: every denominator at least 1 / count
+        fq, fk, g = favor_causal(TORCH, qa, ka, w, kind=p["kind"], scale=p["scale"], causal=causal)
     else:
         fq, fk = _features(TORCH, qa, ka, w, p)
     fq, fk = fq.to(q.dtype), fk.to(q.dtype)
