@@ -236,6 +236,38 @@ def unresolved_entries(variant: Any, q: Any, k: Any, v: Any, *, causal: bool, dt
     return none | rows[..., None]
 
 
+def state_resolution(
+    variant: Any, q: Any, k: Any, v: Any, *, causal: bool, dtype: Any, **kwargs: Any
+) -> np.ndarray | None:
+    """For a variant whose denominator is its features' (tag ``feature-denominator``), the first-order
+    change of o_i = phi(q_i) . S_i / (phi(q_i) . z_i + eps) when every entry of the linear form's state,
+    S_i = sum_{j (<= i)} phi(k_j) v_j^T and z_i = sum_j phi(k_j), is rounded once at the accumulator's
+    unit roundoff u_acc = min(u, u_float32) (kernels hold the state in at least float32):
+
+        rho_i = u_acc (sum_c |phi(q_i)_c| |S_ic| + |o_i| sum_c |phi(q_i)_c| |z_ic|) / |phi(q_i) . z_i + eps|,
+
+    shaped as v, 0 where not finite (proofs/low-precision-rule.md, "The linear form's state"); None for
+    other variants."""
+    var = _variants.get(variant)
+    params = var.split_kwargs(kwargs)[0]
+    if "feature-denominator" not in var.tags(params):
+        return None
+    u_acc = min(unit_roundoff(dtype), unit_roundoff("float32"))
+    with np.errstate(all="ignore"):
+        fq, fk = (np.asarray(x, dtype=np.float64) for x in var.features(q, k, **kwargs))
+        kv = fk[..., :, :, None] * np.asarray(v, dtype=np.float64)[..., :, None, :]  # (B, H, N, m, d_v)
+        if causal:
+            s, z = np.cumsum(kv, axis=-3), np.cumsum(fk, axis=-2)
+        else:
+            s, z = np.sum(kv, axis=-3, keepdims=True), np.sum(fk, axis=-2, keepdims=True)
+        den = np.sum(fq * z, axis=-1) + float(params["eps"])
+        o = np.sum(fq[..., None] * s, axis=-2) / den[..., None]
+        moved = np.sum(np.abs(fq)[..., None] * np.abs(s), axis=-2)
+        moved += np.abs(o) * np.sum(np.abs(fq * z), axis=-1)[..., None]
+        rho = u_acc * moved / np.abs(den)[..., None]
+    return np.where(np.isfinite(rho), rho, 0.0)
+
+
 COARSE_YARDSTICK = 0.1  # a yardstick off by this share of its slice's norm: said in the Finding's note
 
 
@@ -390,6 +422,11 @@ def check_agreement(
         """``resolution_radius``, evaluated once, when the rule first meets a slice whose exact value is 0."""
         return resolution_radius(var, q, k, v, causal=causal, dtype=dtype, **kwargs)
 
+    @functools.cache
+    def state_rounding() -> np.ndarray | None:
+        """``state_resolution``, evaluated once, when a slice first fails the naive yardsticks."""
+        return state_resolution(var, q, k, v, causal=causal, dtype=dtype, **kwargs)
+
     # first without the rule's request (float64 mostly suffices): a sharper truth is asked for only when
     # the rule's verdict could change with it (``_Judged.rule_open``)
     first = np.where(vacuous_guess, np.minimum(pbound, bound), bound)
@@ -417,8 +454,9 @@ def check_agreement(
             t = truth_given(var, q, k, v, model.certificate, causal=causal, digits=None, atol=atol, **kwargs)
         t = t.exact_where((model.bound == 0) & np.isfinite(approx), approx)  # a zero radius: exact
         judged = _judge(
-            name, out, v, t, bound, pbound, probability, naive, u, dtype, bound32, resolution, reach, unresolved
-        )
+            name, out, v, t, bound, pbound, probability, naive, u, dtype, bound32, resolution, reach, unresolved,
+            state_rounding,
+        )  # fmt: skip
         if not judged.rule_open:
             break
     return judged.finding
@@ -445,11 +483,14 @@ def _judge(
     resolution: Callable[[], np.ndarray],
     reach: np.ndarray | float = 0.0,
     unresolved: np.ndarray | None = None,
+    state_rounding: Callable[[], np.ndarray | None] = lambda: None,
 ) -> _Judged:
     """The Finding of ``check_agreement`` on the truth ``t``, every error counted at its worst over the
     truth's bound; entries within ``reach`` of flushing (``flushing_reach`` at least their |truth|) are
     held to their bounds but say nothing of the output's accuracy: they are not counted as informative.
-    ``unresolved`` entries (``unresolved_entries``) are judged by no rule; NaN there still fails."""
+    ``unresolved`` entries (``unresolved_entries``) are judged by no rule; NaN there still fails.
+    ``state_rounding`` (``state_resolution``, or None) is the yardstick of a slice that fails the naive
+    ones where it is larger."""
     rule_open = False
     flushed = ~t.undefined & (reach > 0) & ~(reach < np.abs(t.value))
     unresolved = np.zeros(np.shape(out), dtype=bool) if unresolved is None else ~t.undefined & unresolved
@@ -514,6 +555,11 @@ def _judge(
                 e_n, b_lp = rule(naive.error(t.value, lp_s, u, norm, lambda e, e_t=e_t: e_t > rule(e)[1]))
                 if exact_zero:  # without a finite resolution: the truth's own bound is no error of the target
                     e_t = e_t_least
+                elif e_t > b_lp and (state := state_rounding()) is not None and norm(state) > e_n:
+                    # the linear form's state rounded once moves a cancelling row more than the naive
+                    # definition's luck (proofs/low-precision-rule.md, "The linear form's state")
+                    e_n, yardstick = norm(state), "state"
+                    b_lp = LOW_PRECISION_K * e_n + LOW_PRECISION_FLOOR_ULPS * u * size
             coarsest = max(coarsest, e_n / size if size > 0 else 0.0)
             r_s = e_t / b_lp if b_lp > 0 else (0.0 if e_t == 0 else float("inf"))
             r_s = float("inf") if r_s != r_s else r_s  # inf / inf: no bound holds an infinite error
