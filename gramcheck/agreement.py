@@ -489,8 +489,8 @@ def _judge(
     truth's bound; entries within ``reach`` of flushing (``flushing_reach`` at least their |truth|) are
     held to their bounds but say nothing of the output's accuracy: they are not counted as informative.
     ``unresolved`` entries (``unresolved_entries``) are judged by no rule; NaN there still fails.
-    ``state_rounding`` (``state_resolution``, or None) is the yardstick of a slice that fails the naive
-    ones where it is larger."""
+    ``state_rounding`` (``state_resolution``, or None): in a slice that fails the naive yardsticks, each
+    entry's error less k times its own state rounding is what the naive yardsticks judge."""
     rule_open = False
     flushed = ~t.undefined & (reach > 0) & ~(reach < np.abs(t.value))
     unresolved = np.zeros(np.shape(out), dtype=bool) if unresolved is None else ~t.undefined & unresolved
@@ -555,11 +555,13 @@ def _judge(
                 e_n, b_lp = rule(naive.error(t.value, lp_s, u, norm, lambda e, e_t=e_t: e_t > rule(e)[1]))
                 if exact_zero:  # without a finite resolution: the truth's own bound is no error of the target
                     e_t = e_t_least
-                elif e_t > b_lp and (state := state_rounding()) is not None and norm(state) > e_n:
+                elif e_t > b_lp and (state := state_rounding()) is not None:
                     # the linear form's state rounded once moves a cancelling row more than the naive
-                    # definition's luck (proofs/low-precision-rule.md, "The linear form's state")
-                    e_n, yardstick = norm(state), "state"
-                    b_lp = LOW_PRECISION_K * e_n + LOW_PRECISION_FLOOR_ULPS * u * size
+                    # definition's luck: each entry's error is excused up to its own k rho, never by
+                    # another row's (proofs/low-precision-rule.md, "The linear form's state")
+                    beyond = norm(np.maximum(err - LOW_PRECISION_K * state, 0.0))
+                    if beyond < e_t:
+                        e_t, yardstick = beyond, "state"
             coarsest = max(coarsest, e_n / size if size > 0 else 0.0)
             r_s = e_t / b_lp if b_lp > 0 else (0.0 if e_t == 0 else float("inf"))
             r_s = float("inf") if r_s != r_s else r_s  # inf / inf: no bound holds an infinite error
