@@ -213,6 +213,18 @@ def yardstick_error(
     return max(errors) if errors else size(np.abs(forms[0].value - truth_value))
 
 
+def _feature_denominator(variant: Any, q: Any, k: Any, kwargs: Any) -> tuple[Any, Any, Any] | None:
+    """(params, phi(Q), phi(K)) in float64 for a variant whose definition divides by its features'
+    denominator (tag ``feature-denominator``), else None."""
+    var = _variants.get(variant)
+    params = var.split_kwargs(kwargs)[0]
+    if "feature-denominator" not in var.tags(params):
+        return None
+    with np.errstate(all="ignore"):
+        fq, fk = (np.asarray(x, dtype=np.float64) for x in var.features(q, k, **kwargs))
+    return params, fq, fk
+
+
 def unresolved_entries(variant: Any, q: Any, k: Any, v: Any, *, causal: bool, dtype: Any, **kwargs: Any) -> np.ndarray:
     """The output entries (shaped as v) of the rows whose denominator den_i + eps one rounding of each
     feature stored in ``dtype`` can make 0: |den_i + eps| <= u lean_i + (u - u^2) scale_i
@@ -222,14 +234,13 @@ def unresolved_entries(variant: Any, q: Any, k: Any, v: Any, *, causal: bool, dt
     ``feature-denominator``), and only in rows whose float64 terms are finite with scale_i > 0."""
     from .spectra import denominator_terms
 
-    var = _variants.get(variant)
-    params = var.split_kwargs(kwargs)[0]
     none = np.zeros(np.shape(v), dtype=bool)
-    if "feature-denominator" not in var.tags(params):
+    found = _feature_denominator(variant, q, k, kwargs)
+    if found is None:
         return none
+    params, fq, fk = found
     u = unit_roundoff(dtype)
     with np.errstate(all="ignore"):
-        fq, fk = var.features(q, k, **kwargs)
         den, lean, scale = denominator_terms(fq, fk, causal=causal)
         reach = u * lean + (u - u * u) * scale
         rows = np.isfinite(den) & np.isfinite(reach) & (scale > 0) & (np.abs(den + float(params["eps"])) <= reach)
@@ -248,27 +259,30 @@ def state_resolution(
 
     shaped as v, 0 where not finite (proofs/low-precision-rule.md, "The linear form's state"); None for
     other variants."""
-    var = _variants.get(variant)
-    params = var.split_kwargs(kwargs)[0]
-    if "feature-denominator" not in var.tags(params):
+    from .spectra import denominator_terms
+
+    found = _feature_denominator(variant, q, k, kwargs)
+    if found is None:
         return None
+    params, fq, fk = found
     u_acc = min(unit_roundoff(dtype), unit_roundoff("float32"))
     with np.errstate(all="ignore"):
-        fq, fk = (np.asarray(x, dtype=np.float64) for x in var.features(q, k, **kwargs))
         kv = fk[..., :, :, None] * np.asarray(v, dtype=np.float64)[..., :, None, :]  # (B, H, N, m, d_v)
-        if causal:
-            s, z = np.cumsum(kv, axis=-3), np.cumsum(fk, axis=-2)
-        else:
-            s, z = np.sum(kv, axis=-3, keepdims=True), np.sum(fk, axis=-2, keepdims=True)
-        den = np.sum(fq * z, axis=-1) + float(params["eps"])
+        s = np.cumsum(kv, axis=-3) if causal else np.sum(kv, axis=-3, keepdims=True)
+        den, lean, _ = denominator_terms(fq, fk, causal=causal)
+        den = den + float(params["eps"])
         o = np.sum(fq[..., None] * s, axis=-2) / den[..., None]
-        moved = np.sum(np.abs(fq)[..., None] * np.abs(s), axis=-2)
-        moved += np.abs(o) * np.sum(np.abs(fq * z), axis=-1)[..., None]
+        moved = np.sum(np.abs(fq)[..., None] * np.abs(s), axis=-2) + np.abs(o) * lean[..., None]
         rho = u_acc * moved / np.abs(den)[..., None]
     return np.where(np.isfinite(rho), rho, 0.0)
 
 
 COARSE_YARDSTICK = 0.1  # a yardstick off by this share of its slice's norm: said in the Finding's note
+
+
+def _add_note(details: dict[str, Any], text: str) -> None:
+    """Append ``text`` to the Finding's note (what its verdict does not cover)."""
+    details["note"] = "; ".join(filter(None, (details.get("note"), text)))
 
 
 def output_distance(out: np.ndarray, truth_value: np.ndarray, dtype: Any) -> np.ndarray:
@@ -580,8 +594,7 @@ def _judge(
         lp_count = int(lp_all.sum())
         if coarsest >= COARSE_YARDSTICK:  # the dtype computes that slice to no better than this
             details["yardstick_share"] = coarsest
-            coarse = f"the rule's yardstick errs {coarsest:.0%} of a slice's norm: its verdict says little"
-            details["note"] = "; ".join(filter(None, (details.get("note"), coarse)))
+            _add_note(details, f"the rule's yardstick errs {coarsest:.0%} of a slice's norm: its verdict says little")
         if r_lp >= 0:
             ratios["low-precision rule"] = r_lp
             if r_lp > measured:
@@ -602,9 +615,10 @@ def _judge(
             measured, worst_rule, worst_at = float(r[idx]), "worst-case", tuple(int(i) for i in idx)
     if unresolved.any():
         details["unresolved_entries"] = int(unresolved.sum())
-        details["note"] = (
+        _add_note(
+            details,
             f"{int(unresolved.sum())} entries in rows whose denominator one rounding of the stored features can "
-            "make 0: not judged (NaN there is)"
+            "make 0: not judged (NaN there is)",
         )
         lost = unresolved & np.isnan(out)  # no rounding of the features makes a NaN of a resolved numerator
         if lost.any():
@@ -643,11 +657,11 @@ def _judge(
     n_flushed = int(flushed.sum())
     if n_flushed:
         details["flushed_entries"] = n_flushed
-        flushing = (
+        _add_note(
+            details,
             f"{n_flushed} entries within reach of flushing (its charges reach their magnitude): held to their "
-            "bounds, not judged for accuracy"
+            "bounds, not judged for accuracy",
         )
-        details["note"] = "; ".join(filter(None, (details.get("note"), flushing)))
     n_beyond, n_unresolved = int(out_of_range.sum()), int(unresolved.sum())
     if (unbounded or n_flushed or n_beyond or n_unresolved) and not informative:  # only exact entries, or none
         details["unjudged"] = ["output"]

@@ -93,7 +93,6 @@ def torch_with_state(
     state, b_in (B, H, N, c) the cumulative log-decay that S_0 has undergone when token t reads it, b
     (B, H, N, c) the inclusive cumulative log-decay of the state update (both float64). Sums run in at
     least float32; the output keeps its dtype, the final state is in the accumulation dtype (as fla)."""
-
     from .forms import accumulation_dtype
     from .torch_arith import TORCH as _T
 

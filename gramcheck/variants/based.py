@@ -76,7 +76,6 @@ def reference(ar: Any, q: Any, k: Any, v: Any, *, causal: bool, scale: float | N
 def torch_forward(
     q: Any, k: Any, v: Any, *, causal: bool, form: str, chunk_size: int, scale: float | None, eps: float
 ) -> Any:
-
     # the Taylor map in the float32 accumulators, as fla's based kernels expand 1 + z + z^2/2 in registers:
     # x x^T / sqrt(2 d) of a 16-bit input overflows float16 at |x| ~ 360 where the normalised output does not
     acc = accumulation_dtype(q)

@@ -182,7 +182,6 @@ def torch_forward(
 ) -> Any:
     """The torch forms of gramcheck.delta_forms (``chunked``: WY / UT representation; ``recurrent``),
     after the l2 normalisation (in at least float32) and the scale."""
-
     from ..torch_arith import TORCH
 
     dtype = q.dtype
