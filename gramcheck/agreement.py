@@ -213,16 +213,44 @@ def yardstick_error(
     return max(errors) if errors else size(np.abs(forms[0].value - truth_value))
 
 
-def _feature_denominator(variant: Any, q: Any, k: Any, kwargs: Any) -> tuple[Any, Any, Any] | None:
-    """(params, phi(Q), phi(K)) in float64 for a variant whose definition divides by its features'
-    denominator (tag ``feature-denominator``), else None."""
+TERMS_FLOOR = 2.0**-900  # a row's scale_i below this: its float64 terms have lost relative accuracy
+
+
+@dataclass(frozen=True)
+class _FeatureDenominator:
+    """The float64 quantities of a variant whose definition divides by its features' denominator:
+    phi(Q), phi(K) (``Variant.quotient_features``), den_i, lean_i, scale_i (``spectra.denominator_terms``,
+    den without eps), eps, and ``rows``: where those terms are finite and scale_i >= ``TERMS_FLOOR``, so that
+    no term sank into float64's subnormals (a causal row far below the keys' common shift); the functions
+    below say nothing of other rows."""
+
+    fq: np.ndarray
+    fk: np.ndarray
+    den: np.ndarray
+    lean: np.ndarray
+    scale: np.ndarray
+    eps: float
+    rows: np.ndarray
+
+
+def _feature_denominator(variant: Any, q: Any, k: Any, kwargs: Any, causal: bool) -> _FeatureDenominator | None:
+    """``_FeatureDenominator`` for a variant tagged ``feature-denominator``, else None."""
+    from .spectra import denominator_terms
+
     var = _variants.get(variant)
     params = var.split_kwargs(kwargs)[0]
     if "feature-denominator" not in var.tags(params):
         return None
     with np.errstate(all="ignore"):
-        fq, fk = (np.asarray(x, dtype=np.float64) for x in var.features(q, k, **kwargs))
-    return params, fq, fk
+        fq, fk = (np.asarray(x, dtype=np.float64) for x in var.quotient_features(q, k, **kwargs))
+        den, lean, scale = denominator_terms(fq, fk, causal=causal)
+        rows = np.isfinite(den) & np.isfinite(lean) & np.isfinite(scale) & (scale >= TERMS_FLOOR)
+    return _FeatureDenominator(fq, fk, den, lean, scale, float(params["eps"]), rows)
+
+
+def _accumulator_roundoff(dtype: Any) -> float:
+    """min(u, u_float32): kernels hold states and compute shared steps in at least float32."""
+    return min(unit_roundoff(dtype), unit_roundoff("float32"))
 
 
 def unresolved_entries(variant: Any, q: Any, k: Any, v: Any, *, causal: bool, dtype: Any, **kwargs: Any) -> np.ndarray:
@@ -231,19 +259,15 @@ def unresolved_entries(variant: Any, q: Any, k: Any, v: Any, *, causal: bool, dt
     (``spectra.denominator_terms``; proofs/low-precision-rule.md, "Unresolved denominators"). There the
     model's guarantees determine the output of no algorithm that stores its features in the dtype, not
     even its sign. Only for variants whose denominator is that of their features (tag
-    ``feature-denominator``), and only in rows whose float64 terms are finite with scale_i > 0."""
-    from .spectra import denominator_terms
-
+    ``feature-denominator``), and only in rows whose float64 terms are in range (``_FeatureDenominator``)."""
     none = np.zeros(np.shape(v), dtype=bool)
-    found = _feature_denominator(variant, q, k, kwargs)
-    if found is None:
+    f = _feature_denominator(variant, q, k, kwargs, causal)
+    if f is None:
         return none
-    params, fq, fk = found
     u = unit_roundoff(dtype)
     with np.errstate(all="ignore"):
-        den, lean, scale = denominator_terms(fq, fk, causal=causal)
-        reach = u * lean + (u - u * u) * scale
-        rows = np.isfinite(den) & np.isfinite(reach) & (scale > 0) & (np.abs(den + float(params["eps"])) <= reach)
+        reach = u * f.lean + (u - u * u) * f.scale
+        rows = f.rows & np.isfinite(reach) & (np.abs(f.den + f.eps) <= reach)
     return none | rows[..., None]
 
 
@@ -257,24 +281,71 @@ def state_resolution(
 
         rho_i = u_acc (sum_c |phi(q_i)_c| |S_ic| + |o_i| sum_c |phi(q_i)_c| |z_ic|) / |phi(q_i) . z_i + eps|,
 
-    shaped as v, 0 where not finite (proofs/low-precision-rule.md, "The linear form's state"); None for
-    other variants."""
-    from .spectra import denominator_terms
-
-    found = _feature_denominator(variant, q, k, kwargs)
-    if found is None:
+    shaped as v, 0 where not finite or the row's terms are out of range (``_FeatureDenominator``)
+    (proofs/low-precision-rule.md, "The linear form's state"); None for other variants."""
+    f = _feature_denominator(variant, q, k, kwargs, causal)
+    if f is None:
         return None
-    params, fq, fk = found
-    u_acc = min(unit_roundoff(dtype), unit_roundoff("float32"))
+    u_acc = _accumulator_roundoff(dtype)
     with np.errstate(all="ignore"):
-        kv = fk[..., :, :, None] * np.asarray(v, dtype=np.float64)[..., :, None, :]  # (B, H, N, m, d_v)
+        kv = f.fk[..., :, :, None] * np.asarray(v, dtype=np.float64)[..., :, None, :]  # (B, H, N, m, d_v)
         s = np.cumsum(kv, axis=-3) if causal else np.sum(kv, axis=-3, keepdims=True)
-        den, lean, _ = denominator_terms(fq, fk, causal=causal)
-        den = den + float(params["eps"])
-        o = np.sum(fq[..., None] * s, axis=-2) / den[..., None]
-        moved = np.sum(np.abs(fq)[..., None] * np.abs(s), axis=-2) + np.abs(o) * lean[..., None]
-        rho = u_acc * moved / np.abs(den)[..., None]
-    return np.where(np.isfinite(rho), rho, 0.0)
+        den = f.den + f.eps
+        o = np.sum(f.fq[..., None] * s, axis=-2) / den[..., None]
+        moved = np.sum(np.abs(f.fq)[..., None] * np.abs(s), axis=-2) + np.abs(o) * f.lean[..., None]
+        rho = moved / np.abs(den)[..., None] * u_acc
+    return np.where(np.isfinite(rho) & f.rows[..., None], rho, 0.0)
+
+
+def amplitude_resolution(
+    variant: Any, q: Any, k: Any, v: Any, *, causal: bool, dtype: Any, **kwargs: Any
+) -> np.ndarray | None:
+    """For a variant whose denominator is its features' (tag ``feature-denominator``) and whose keys'
+    features share rounded steps (``Variant.amplitude_rounding``: phi(k_s) scaled by 1 + delta_s, delta_s
+    independent across keys with root mean square sigma_s u_acc, u_acc = min(u, u_float32)), the root mean
+    square of the first-order move of o_i = sum_{s (<= i)} a_is v_s / (sum_s a_is + eps),
+    a_is = phi(q_i) . phi(k_s):
+
+        rho_i = u_acc sqrt( sum_{s (<= i)} sigma_s^2 a_is^2 (v_s - o_i)^2 ) / |sum_s a_is + eps|,
+
+    shaped as v, 0 where not finite or the row's terms are out of range (``_FeatureDenominator``)
+    (proofs/low-precision-rule.md, "The keys' amplitudes"); None for other variants."""
+    f = _feature_denominator(variant, q, k, kwargs, causal)
+    sigma = None if f is None else _variants.get(variant).amplitude_rounding(q, k, causal=causal, **kwargs)
+    if f is None or sigma is None:
+        return None
+    fq, fk = f.fq, f.fk
+    u_acc = _accumulator_roundoff(dtype)
+    v = np.asarray(v, dtype=np.float64)
+    n = fq.shape[-2]
+    rho = np.zeros(np.broadcast_shapes(fq.shape[:-1], v.shape[:-1]) + v.shape[-1:])
+    rows = max(1, 2**22 // max(1, rho.size))  # rows per block: its (B, H, rows, N, d_v) terms stay below 2^22
+    with np.errstate(all="ignore"):
+        for lo in range(0, n, rows):
+            a = fq[..., lo : lo + rows, :] @ np.swapaxes(fk, -1, -2)  # (B, H, rows, N)
+            if causal:
+                a = np.where(np.arange(n)[None, :] <= np.arange(lo, min(lo + rows, n))[:, None], a, 0.0)
+            den = np.sum(a, axis=-1) + f.eps
+            o = (a @ v) / den[..., None]
+            moved = (v[..., None, :, :] - o[..., :, None, :]) ** 2  # (B, H, rows, N, d_v)
+            weight = (a * np.asarray(sigma)[..., None, :]) ** 2
+            moved_by = np.sqrt(np.einsum("...is,...isc->...ic", weight, moved))
+            rho[..., lo : lo + rows, :] = moved_by / np.abs(den)[..., None] * u_acc
+    return np.where(np.isfinite(rho) & f.rows[..., None], rho, 0.0)
+
+
+def own_rounding(variant: Any, q: Any, k: Any, v: Any, *, causal: bool, dtype: Any, **kwargs: Any) -> np.ndarray | None:
+    """Entrywise, what rounding may move each output entry by beyond the naive forms' luck: k times the sum
+    of one rounding of the linear form's state (``state_resolution``: a target may round its state, which
+    the quadratic definition does not hold) and the keys' amplitudes' typical rounding
+    (``amplitude_resolution``: one sample of which the naive forms are); None where the variant has
+    neither. The low-precision rules excuse each entry's error up to its own, never another row's
+    (proofs/low-precision-rule.md, "The linear form's state", "The keys' amplitudes")."""
+    kw = {"causal": causal, "dtype": dtype, **kwargs}
+    state, amplitude = (f(variant, q, k, v, **kw) for f in (state_resolution, amplitude_resolution))
+    if state is None and amplitude is None:
+        return None
+    return LOW_PRECISION_K * np.sum([x for x in (state, amplitude) if x is not None], axis=0)
 
 
 COARSE_YARDSTICK = 0.1  # a yardstick off by this share of its slice's norm: said in the Finding's note
@@ -437,9 +508,9 @@ def check_agreement(
         return resolution_radius(var, q, k, v, causal=causal, dtype=dtype, **kwargs)
 
     @functools.cache
-    def state_rounding() -> np.ndarray | None:
-        """``state_resolution``, evaluated once, when a slice first fails the naive yardsticks."""
-        return state_resolution(var, q, k, v, causal=causal, dtype=dtype, **kwargs)
+    def excuse() -> np.ndarray | None:
+        """``own_rounding``, evaluated once, when a slice first fails the naive yardsticks."""
+        return own_rounding(var, q, k, v, causal=causal, dtype=dtype, **kwargs)
 
     # first without the rule's request (float64 mostly suffices): a sharper truth is asked for only when
     # the rule's verdict could change with it (``_Judged.rule_open``)
@@ -469,7 +540,7 @@ def check_agreement(
         t = t.exact_where((model.bound == 0) & np.isfinite(approx), approx)  # a zero radius: exact
         judged = _judge(
             name, out, v, t, bound, pbound, probability, naive, u, dtype, bound32, resolution, reach, unresolved,
-            state_rounding,
+            excuse,
         )  # fmt: skip
         if not judged.rule_open:
             break
@@ -497,14 +568,14 @@ def _judge(
     resolution: Callable[[], np.ndarray],
     reach: np.ndarray | float = 0.0,
     unresolved: np.ndarray | None = None,
-    state_rounding: Callable[[], np.ndarray | None] = lambda: None,
+    excuse: Callable[[], np.ndarray | None] = lambda: None,
 ) -> _Judged:
     """The Finding of ``check_agreement`` on the truth ``t``, every error counted at its worst over the
     truth's bound; entries within ``reach`` of flushing (``flushing_reach`` at least their |truth|) are
     held to their bounds but say nothing of the output's accuracy: they are not counted as informative.
     ``unresolved`` entries (``unresolved_entries``) are judged by no rule; NaN there still fails.
-    ``state_rounding`` (``state_resolution``, or None): in a slice that fails the naive yardsticks, each
-    entry's error less k times its own state rounding is what the naive yardsticks judge."""
+    ``excuse`` (entrywise, or None): in a slice that fails the naive yardsticks, each entry's error less
+    its own excuse is what the naive yardsticks judge."""
     rule_open = False
     flushed = ~t.undefined & (reach > 0) & ~(reach < np.abs(t.value))
     unresolved = np.zeros(np.shape(out), dtype=bool) if unresolved is None else ~t.undefined & unresolved
@@ -569,13 +640,14 @@ def _judge(
                 e_n, b_lp = rule(naive.error(t.value, lp_s, u, norm, lambda e, e_t=e_t: e_t > rule(e)[1]))
                 if exact_zero:  # without a finite resolution: the truth's own bound is no error of the target
                     e_t = e_t_least
-                elif e_t > b_lp and (state := state_rounding()) is not None:
-                    # the linear form's state rounded once moves a cancelling row more than the naive
-                    # definition's luck: each entry's error is excused up to its own k rho, never by
-                    # another row's (proofs/low-precision-rule.md, "The linear form's state")
-                    beyond = norm(np.maximum(err - LOW_PRECISION_K * state, 0.0))
+                elif e_t > b_lp and (own := excuse()) is not None:
+                    # the linear form's state and the keys' amplitudes rounded once move a cancelling row
+                    # more than the naive definition's luck shows: each entry's error is excused up to its
+                    # own rounding, never by another row's (proofs/low-precision-rule.md, "The linear form's
+                    # state", "The keys' amplitudes")
+                    beyond = norm(np.maximum(err - own, 0.0))
                     if beyond < e_t:
-                        e_t, yardstick = beyond, "state"
+                        e_t, yardstick = beyond, "own rounding"
             coarsest = max(coarsest, e_n / size if size > 0 else 0.0)
             r_s = e_t / b_lp if b_lp > 0 else (0.0 if e_t == 0 else float("inf"))
             r_s = float("inf") if r_s != r_s else r_s  # inf / inf: no bound holds an infinite error

@@ -48,7 +48,7 @@ def elementwise(name: str) -> Any:
     return ELEMENTWISE[check_choice("feature", name, tuple(ELEMENTWISE))]
 
 
-def _favor_parts(ar: Any, x: Any, projection: Any, kind: str, scale: float | None) -> tuple[Any, Any, int, Any]:
+def favor_parts(ar: Any, x: Any, projection: Any, kind: str, scale: float | None) -> tuple[Any, Any, int, Any]:
     """(L, F, count, W x) with phi(x) = exp(L) F / sqrt(count): the log-amplitude L (..., N, k), the bounded
     multiplier F ([sin, cos] for trig, None for the exponential kinds) and the projection W x (..., N, m)."""
     check_choice("kind", kind, FAVOR_KINDS)
@@ -89,7 +89,7 @@ def favor(
     ``'projection'`` the maximum of w.x alone (performer-pytorch's ``softmax_kernel``).
     """
     check_choice("shift", shift, ("log-amplitude", "projection"))
-    log_amp, mult, count, proj = _favor_parts(ar, x, projection, kind, scale)
+    log_amp, mult, count, proj = favor_parts(ar, x, projection, kind, scale)
     if stabilize:
         base = log_amp  # the exponent itself; 'projection': its W x part (without -|x|^2/2)
         if shift == "projection" and mult is None:
@@ -113,7 +113,7 @@ def favor_causal(
 ) -> tuple[Any, Any, Any]:
     """(phi(Q), phi(K), g) of causal FAVOR+, stabilised feature by feature with no future token entering.
 
-    With L^k_sj and L^q_tj the log-amplitudes of feature j (``_favor_parts``; one shared column for trig),
+    With L^k_sj and L^q_tj the log-amplitudes of feature j (``favor_parts``; one shared column for trig),
     M_tj = max_{s<=t} L^k_sj the keys' running maximum per feature and c_t = max_j (L^q_tj + M_tj), all
     exact constants (``running_max``, ``stop_max``):
 
@@ -133,8 +133,8 @@ def favor_causal(
     ``causal=False``: M_j = max_s L^k_sj over every key (g = 0), the same guarantee for the non-causal
     quotient, whose reference-code stabiliser (a shift per query, one for all keys) let a denominator of
     1e-284 underflow to 0 / 0 in float32 where the output is v."""
-    lq, mq, count, _ = _favor_parts(ar, q, projection, kind, scale)
-    lk, mk, _, _ = _favor_parts(ar, k, projection, kind, scale)
+    lq, mq, count, _ = favor_parts(ar, q, projection, kind, scale)
+    lk, mk, _, _ = favor_parts(ar, k, projection, kind, scale)
     run = ar.running_max(lk, -2) if causal else ar.stop_max(lk, -2)
     g = ar.concat([run[..., :1, :], run[..., :-1, :]], axis=-2) - run if causal else None
     if run.shape[-1] == 1:  # one log-amplitude per token (trig): M_t is a factor of row t, which cancels

@@ -11,6 +11,7 @@ from ..agreement import (
     check_agreement,
     naive_yardsticks,
     output_distance,
+    own_rounding,
     per_slice,
     resolution_radius,
     rounding_noise,
@@ -53,8 +54,9 @@ def low_precision(target: Target, ex: AttentionInputs, *, causal: bool) -> Findi
     definition computed in the same dtype, or the variant's other standard algorithm there where that
     errs more (``agreement.naive_yardsticks``; proofs/low-precision-rule.md), over the entries that are not
     rounding noise (``agreement.rounding_noise``, as agreement judges them; a non-finite output there is
-    still judged). Where the naive definition itself is not finite the rule gives no bound and the
-    Finding says so (agreement still applies)."""
+    still judged). In a slice that fails, each entry's error is first excused up to its own rounding
+    (``agreement.own_rounding``), as agreement does. Where the naive definition itself is not finite the
+    rule gives no bound and the Finding says so (agreement still applies)."""
     var = target.variant
     kw = {**target.params, **ex.extras}
     t = truth(var, ex.q, ex.k, ex.v, causal=causal, digits=6, **kw)
@@ -73,6 +75,8 @@ def low_precision(target: Target, ex: AttentionInputs, *, causal: bool) -> Findi
         return None  # every entry is rounding noise: this input judges nothing
     forms = naive_yardsticks(var, ex.q, ex.k, ex.v, causal=causal, dtype=target.dtype, **kw)
     u = unit_roundoff(target.dtype)
+    dist = output_distance(out, t.value, target.dtype)
+    excuse: list[np.ndarray | None] = []  # ``own_rounding``, once, when a slice first fails
     measured, details = -1.0, dict[str, Any]()
     resolution: np.ndarray | None = None
     for at, j in per_slice(judged):  # each (batch, head) slice on its own; the worst one reported
@@ -80,7 +84,7 @@ def low_precision(target: Target, ex: AttentionInputs, *, causal: bool) -> Findi
         def largest(diff: np.ndarray, m: np.ndarray = j) -> float:  # over the judged entries, NaN as inf
             return float(np.max(np.where(m, np.where(np.isnan(diff), np.inf, diff), 0.0), initial=0.0))
 
-        err_t = largest(output_distance(out, t.value, target.dtype))
+        err_t = largest(dist)
         # the scale of the output: |truth|, or |v| where the truth cancels to (near) zero
         scale = max(float(np.max(np.abs(value[at]))), float(np.max(np.abs(ex.v[at]))))
         floor = LOW_PRECISION_FLOOR_ULPS * u * scale
@@ -97,7 +101,12 @@ def low_precision(target: Target, ex: AttentionInputs, *, causal: bool) -> Findi
             err_n = zero_yardstick
         else:
             err_n = forms.error(t.value, j, u, largest, lambda e, err_t=err_t: err_t > rule(e))
-        bound = rule(err_n)
+        bound, yardstick = rule(err_n), None
+        if err_t > bound and not np.isfinite(zero_yardstick):  # each entry's own rounding first, as agreement
+            if not excuse:
+                excuse.append(own_rounding(var, ex.q, ex.k, ex.v, causal=causal, dtype=target.dtype, **kw))
+            if excuse[0] is not None and (beyond := largest(np.maximum(dist - excuse[0], 0.0))) < err_t:
+                err_t, yardstick = beyond, "own rounding"
         if not np.isfinite(bound):
             r, note = 0.0, "the naive reference is not finite in this dtype: the rule gives no bound"
         else:
@@ -106,5 +115,7 @@ def low_precision(target: Target, ex: AttentionInputs, *, causal: bool) -> Findi
             measured = r
             details = {"target_error": err_t, "naive_error": err_n, "k": LOW_PRECISION_K, "floor": floor}
             details.update({"slice": list(at)}, **({"note": note} if note else {}))
+            if yardstick is not None:
+                details["yardstick"] = yardstick
     details["noise_entries"] = int(noisy.sum())
     return with_counterexample(Finding("low-precision", float(measured), 1.0, details=details), ex)

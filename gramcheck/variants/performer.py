@@ -89,6 +89,46 @@ def features(ar: Any, q: Any, k: Any, *, projection: Any, eps: float, **p: Any) 
     return _features(ar, q, k, projection, {**p, "stabilize": False})
 
 
+def quotient_features(ar: Any, q: Any, k: Any, *, projection: Any, eps: float, **p: Any) -> tuple[Any, Any]:
+    """The features the non-causal definition divides by: stabilised, queries by their own maximum and keys by
+    the maximum over every token and feature (with ``stabilize``), so that they stay in float64's range."""
+    return _features(ar, q, k, projection, p)
+
+
+def amplitude_rounding(q: Any, k: Any, *, causal: bool, projection: Any, **p: Any) -> Any:
+    """Trigonometric features: phi(k_s) = exp(L_s - M) [sin, cos](W x_s) / sqrt(m) with the log-amplitude
+    L_s = sum_i t_si, t_si = x_si^2 / 2, of the scaled key x_s = f k_s (f = d^-1/4, or sqrt(scale)) and M the
+    keys' shift (their maximum). The stored results of L_s - M round: each square (t_si), each partial sum
+    p of a pairwise tree over i (as torch's and Triton's reductions sum), the shift's difference
+    (L_s - M) and, unless f is a power of two (then x_s is exact), each scaled entry (2 t_si to first
+    order). Every feature of key s then moves by the same factor exp(delta L_s), and with independent
+    relative errors uniform on [-u, u] (the classical model of rounding errors) delta L_s has root mean
+    square sigma_s u,
+
+        sigma_s^2 = ((1 + 4 [f inexact]) sum_i t_si^2 + sum_p p^2 + (L_s - M)^2) / 3.
+
+    A change of M is one factor for all keys, which cancels. None for the exponential kinds, which have one
+    log-amplitude per feature and a positive denominator, and in the causal mode, whose keys are shifted
+    by their running maximum and carried by rounded decays exp(g_t) that scale every earlier key alike
+    (correlated errors this model does not hold; a global M there charged rows for keys after them)."""
+    if p["kind"] != "trig" or causal:
+        return None
+    k = np.asarray(k, dtype=np.float64)
+    f = k.shape[-1] ** -0.25 if p["scale"] is None else float(np.sqrt(p["scale"]))
+    inexact = 0.0 if np.frexp(f)[0] == 0.5 else 4.0  # x_s = f k_s is exact when f is a power of two
+    t = (f * k) ** 2 / 2.0
+    squares = (1.0 + inexact) * np.sum(t**2, axis=-1)
+    partials, level = 0.0, t
+    while level.shape[-1] > 1:  # pairwise: each level sums neighbours, an odd last term carried
+        n = level.shape[-1]
+        paired = level[..., : n - n % 2 : 2] + level[..., 1 : n - n % 2 : 2]
+        partials = partials + np.sum(paired**2, axis=-1)
+        level = np.concatenate([paired, level[..., n - n % 2 :]], axis=-1)
+    log_amplitude = level[..., 0]
+    shift = log_amplitude - np.max(log_amplitude, axis=-1, keepdims=True)
+    return np.sqrt((squares + partials + shift**2) / 3.0)
+
+
 def torch_forward(
     q: Any, k: Any, v: Any, *, causal: bool, form: str, chunk_size: int, projection: Any, eps: float, **p: Any
 ) -> Any:
@@ -115,8 +155,11 @@ def torch_forward(
 def kind_tags(params: Mapping[str, Any]) -> frozenset[str]:
     """Positive and hyperbolic features give positive weights (rows sum to one, the row-normalisation
     bound applies); trigonometric features give signed weights and denominators that can vanish."""
-    if params["kind"] == "trig":  # ``features`` are unstabilised: a positive factor per row, without feature_eps
-        return frozenset({"vanishing-denominator"} | ({"feature-denominator"} if not params["feature_eps"] else set()))
+    if params["kind"] == "trig":
+        # ``features`` are unstabilised: the definition's stabilised features times a positive factor per row,
+        # which cancels in the quotient only without feature_eps and without eps
+        divides_by_features = not params["feature_eps"] and not params["eps"]
+        return frozenset({"vanishing-denominator"} | ({"feature-denominator"} if divides_by_features else set()))
     return frozenset({"normalised-rows", "convex-hull", "row-normalisation"})
 
 
@@ -148,6 +191,8 @@ def _variant(kind: str, summary: str) -> Variant:
         torch_fn=torch_forward,
         inputs=(projection_input(),),
         features_fn=features,
+        quotient_features_fn=quotient_features,
+        amplitude_rounding_fn=amplitude_rounding,
         recurrence="diagonal",
         tags_fn=kind_tags,
     )

@@ -29,7 +29,7 @@ TAGS = (
     "materialises-nxn",  # the production form is quadratic in N by definition
     "denominator",  # normalised by a data-dependent denominator phi(q_i) . sum_j phi(k_j)
     "vanishing-denominator",  # that denominator can vanish or change sign in exact arithmetic
-    "feature-denominator",  # the definition divides by phi(q_i) . sum_j phi(k_j) + eps with phi = Variant.features
+    "feature-denominator",  # divides by phi(q_i) . sum_j phi(k_j) + eps, phi = Variant.features up to row factors
     #                         (up to a positive factor per row) and eps the parameter ``eps``
     "causal-rounding",  # causal in exact arithmetic; a global stabiliser lets future tokens move past
     #                     outputs by rounding (performer's key maximum over all tokens)
@@ -85,6 +85,12 @@ class Variant:
     noncausal_only: tuple[str, ...] = ()  # forms that exist only without the causal mask
     # (ar, q, k, **params, **extras) -> (phi(Q), phi(K)): the Gram factors, for variants that have them
     features_fn: Callable[..., Any] | None = field(default=None, repr=False)
+    # (ar, q, k, **params, **extras) -> (phi(Q), phi(K)) as the definition divides by them, where they are
+    # ``features_fn``'s up to positive factors (``quotient_features``)
+    quotient_features_fn: Callable[..., Any] | None = field(default=None, repr=False)
+    # (q, k, *, causal, **params, **extras) -> (B, H, N) or None: how much each key's features share in rounding
+    # (``amplitude_rounding``)
+    amplitude_rounding_fn: Callable[..., Any] | None = field(default=None, repr=False)
     recurrence: str = "none"
     tags_fn: Callable[[Mapping[str, Any]], frozenset[str]] | None = field(default=None, repr=False)
     decay_fn: Callable[[Mapping[str, Any], Mapping[str, Any], int], float] | None = field(default=None, repr=False)
@@ -342,6 +348,28 @@ class Variant:
         params, extras = self.split_kwargs(kwargs)
         self._check(q, k, k, extras)
         return _evaluate(self.features_fn, arith, (q, k), params, extras)
+
+    def quotient_features(self, q: Any, k: Any, *, arith: Any = F64, **kwargs: Any) -> tuple[Any, Any]:
+        """``features`` as the definition computes them for its quotient: the same up to a positive factor
+        per row of phi(Q) and one of phi(K), which a quotient without eps does not see, but in range where
+        the Gram factors overflow (FAVOR+'s stabilised features)."""
+        if self.quotient_features_fn is None:
+            return self.features(q, k, arith=arith, **kwargs)
+        params, extras = self.split_kwargs(kwargs)
+        self._check(q, k, k, extras)
+        return _evaluate(self.quotient_features_fn, arith, (q, k), params, extras)
+
+    def amplitude_rounding(self, q: Any, k: Any, *, causal: bool, **kwargs: Any) -> Any:
+        """sigma_s (B, H, N), float64: phi(k_s) is a common amplitude times a per-feature part, and the
+        roundings of the amplitude's computation scale phi(k_s) as a whole by (1 + delta_s), delta_s of root
+        mean square sigma_s u to first order under independent uniform roundings
+        (proofs/low-precision-rule.md, "The keys' amplitudes"); None where the features share no rounded
+        step (relu), where the variant does not model that mode, or where it has no feature map."""
+        if self.amplitude_rounding_fn is None:
+            return None
+        params, extras = self.split_kwargs(kwargs)
+        self._check(q, k, k, extras)
+        return self.amplitude_rounding_fn(q, k, causal=causal, **params, **extras)
 
     def torch(
         self,
