@@ -926,13 +926,20 @@ class RoundedArith(BallArith):
 
     def shifted(self, x: Any, base: Any, axis: int) -> Ball:
         """``Arith.shifted`` as ``TorchArith.shifted`` computes it: the maximum and the shift in float32
-        (float64 for float64), one rounding of the result to the dtype."""
+        (float64 for float64), then the rounded result's own maximum subtracted (a constant per row, which
+        the row's normalisation cancels; the subtraction is exact near the maximum), so that the largest
+        exponent is exactly 0, one rounding of the result to the dtype. Without the second shift, shifts of
+        1e13 in float32 (FAVOR+ with |q| ~ 4e6) rounded a query's largest exponent to +6e5 or -6e4: a
+        feature of inf, or every feature 0, and 0 / 0."""
         x, base = self._lift(x), self._lift(base)
         wide = self.held_dtype
         with np.errstate(invalid="ignore"):
             top = np.max(round_to(x.mid + base.mid, wide, wide_range=self.wide_range), axis=axis, keepdims=True)
-        shift = round_to(np.where(np.isfinite(top), top, 0.0) - base.mid, wide, wide_range=self.wide_range)
-        return self._r(round_to(x.mid - shift, wide, wide_range=self.wide_range), x)
+            shift = round_to(np.where(np.isfinite(top), top, 0.0) - base.mid, wide, wide_range=self.wide_range)
+            y = round_to(x.mid - shift, wide, wide_range=self.wide_range)
+            peak = np.max(y, axis=axis, keepdims=True)
+            y = round_to(y - np.where(np.isfinite(peak), peak, 0.0), wide, wide_range=self.wide_range)
+        return self._r(y, x)
 
     def _r(self, y: Any, *operands: Ball) -> Ball:
         """y rounded to the dtype (to float32 where an operand is ``held``); an operation on constants only

@@ -93,12 +93,16 @@ class TorchArith:
     def shifted(self, x: Any, base: Any, axis: int) -> Any:
         """``Arith.shifted`` with the maximum and the shift in float32 at least (detached), the result
         rounded once to x's dtype: a 16-bit x + base would put the maximum off by its spacing (4096 at
-        5e5 in bfloat16) and exp of the shifted exponents would overflow."""
+        5e5 in bfloat16) and exp of the shifted exponents would overflow. The rounded result's own maximum
+        is subtracted once more (a constant per row, which the row's normalisation cancels), so that the
+        largest exponent is exactly 0 however the shift rounded (``RoundedArith.shifted``)."""
         wide = _torch().promote_types(x.dtype, _torch().float32)
         xw, bw = x.to(wide), base.detach().to(wide)
         top = (xw.detach() + bw).amax(dim=axis, keepdim=True)
         top = _torch().where(_torch().isfinite(top), top, _torch().zeros_like(top))
-        return (xw - (top - bw)).to(x.dtype)
+        y = xw - (top - bw)
+        peak = y.detach().amax(dim=axis, keepdim=True)
+        return (y - _torch().where(_torch().isfinite(peak), peak, _torch().zeros_like(peak))).to(x.dtype)
 
 
 TORCH = TorchArith()

@@ -587,3 +587,40 @@ def test_an_exact_zero_whose_resolution_is_infinite_keeps_the_naive_yardstick():
     for wrong in (np.full_like(v, np.nan), v.copy()):
         f = check_agreement("agreement", wrong, "softmax", q, k, v, causal=False, dtype="float32")
         assert not f.passed, f.details
+
+
+@pytest.mark.parametrize("name", ["performer-positive", "performer-hyperbolic"])
+def test_favor_features_of_huge_queries_keep_their_largest_exponent_at_0(name):
+    """Causal FAVOR+ in float32 with |q| ~ 2e5 and |k| ~ 1e6 (seed 3's float32 check, heavy tails, N = 1): the
+    per-feature shift is ~1e11, and one rounding of it put the query's largest exponent at -6e4 (every feature 0,
+    the output 0 / 0) or, on a longer input, at +6e5 (a feature of inf): the builtin returned NaN where the float32
+    definition is exact. The shifted exponents' own maximum is now subtracted once more (a row constant, which
+    the normalisation cancels), in the builtin and in the naive definition alike: the largest is exactly 0, and
+    the builtin passes, while an output 1% off fails."""
+    from pathlib import Path
+
+    import torch
+
+    from gramcheck.agreement import check_agreement
+    from gramcheck.arith import RoundedArith
+    from gramcheck.targets import builtin
+    from gramcheck.torch_arith import TORCH
+
+    saved = np.load(Path(__file__).parent / "data" / "performer_positive_f32_causal_huge_magnitude.npz")
+    a = {key: np.asarray(x, dtype=np.float64) for key, x in saved.items()}
+    q, k, v = a.pop("q"), a.pop("k"), a.pop("v")
+    rng = np.random.default_rng(0)
+    x, base = rng.standard_normal((2, 5, 8)) * 1e11
+    f32 = {"dtype": torch.float32}
+    for y in (TORCH.shifted(torch.tensor(x, **f32), torch.tensor(base, **f32), -1).double().numpy(),
+              RoundedArith("float32").to_float64(RoundedArith("float32").shifted(x, base, -1))):  # fmt: skip
+        assert np.all(np.max(y, axis=-1) == 0.0)
+    t = builtin(name, dtype="float32")
+    out = np.asarray(t(q, k, v, causal=True, **a), dtype=np.float64)
+    assert np.all(np.isfinite(out))
+
+    def agreement(o):
+        return check_agreement("agreement", o, t.variant, q, k, v, causal=True, dtype="float32", **t.params, **a)
+
+    assert agreement(out).passed
+    assert not agreement(out * 1.01).passed
