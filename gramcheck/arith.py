@@ -259,11 +259,13 @@ class Arith:
         x + base in the arithmetic. top is an exact constant from the float64 values (it is one number
         per row, which cancels); top - base is computed in the arithmetic, since a per-column shift does
         not cancel; x meets it in one operation: one rounding of a result near 0 where it matters, where
-        (x + base) - top would round twice at the magnitude of base."""
+        (x + base) - top would round twice at the magnitude of base. The forms that round subtract the
+        result's own maximum once more (``TorchArith.shifted``, ``RoundedArith.shifted``: exact 0 in exact
+        arithmetic); that operation's rounding is charged here as the subtraction of an exact 0."""
         vals = np.asarray(self.b.to_float64(self.mid(x))) + np.asarray(self.b.to_float64(self.mid(base)))
         with np.errstate(invalid="ignore"):
             top = np.max(vals, axis=axis, keepdims=True)
-        return x - (self.const(np.where(np.isfinite(top), top, 0.0)) - base)
+        return x - (self.const(np.where(np.isfinite(top), top, 0.0)) - base) - self.const(0.0)
 
 
 def float_up_one(e: Any) -> float:
