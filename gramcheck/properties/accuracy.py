@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -76,7 +77,11 @@ def low_precision(target: Target, ex: AttentionInputs, *, causal: bool) -> Findi
     forms = naive_yardsticks(var, ex.q, ex.k, ex.v, causal=causal, dtype=target.dtype, **kw)
     u = unit_roundoff(target.dtype)
     dist = output_distance(out, t.value, target.dtype)
-    excuse: list[np.ndarray | None] = []  # ``own_rounding``, once, when a slice first fails
+
+    @functools.cache
+    def excuse() -> np.ndarray | None:
+        """``own_rounding``, evaluated once, when a slice first fails."""
+        return own_rounding(var, ex.q, ex.k, ex.v, causal=causal, dtype=target.dtype, **kw)
     measured, details = -1.0, dict[str, Any]()
     resolution: np.ndarray | None = None
     for at, j in per_slice(judged):  # each (batch, head) slice on its own; the worst one reported
@@ -103,9 +108,8 @@ def low_precision(target: Target, ex: AttentionInputs, *, causal: bool) -> Findi
             err_n = forms.error(t.value, j, u, largest, lambda e, err_t=err_t: err_t > rule(e))
         bound, yardstick = rule(err_n), None
         if err_t > bound and not np.isfinite(zero_yardstick):  # each entry's own rounding first, as agreement
-            if not excuse:
-                excuse.append(own_rounding(var, ex.q, ex.k, ex.v, causal=causal, dtype=target.dtype, **kw))
-            if excuse[0] is not None and (beyond := largest(np.maximum(dist - excuse[0], 0.0))) < err_t:
+            own = excuse()
+            if own is not None and (beyond := largest(np.maximum(dist - own, 0.0))) < err_t:
                 err_t, yardstick = beyond, "own rounding"
         if not np.isfinite(bound):
             r, note = 0.0, "the naive reference is not finite in this dtype: the rule gives no bound"

@@ -29,7 +29,7 @@ TAGS = (
     "materialises-nxn",  # the production form is quadratic in N by definition
     "denominator",  # normalised by a data-dependent denominator phi(q_i) . sum_j phi(k_j)
     "vanishing-denominator",  # that denominator can vanish or change sign in exact arithmetic
-    "feature-denominator",  # divides by phi(q_i) . sum_j phi(k_j) + eps, phi = Variant.features up to row factors
+    "feature-denominator",  # the definition divides by phi(q_i) . sum_j phi(k_j) + eps with phi = Variant.features
     #                         (up to a positive factor per row) and eps the parameter ``eps``
     "causal-rounding",  # causal in exact arithmetic; a global stabiliser lets future tokens move past
     #                     outputs by rounding (performer's key maximum over all tokens)
