@@ -51,6 +51,7 @@ from .arith import ProbabilisticModel, ResolutionModel, RoundedArith, flushes, r
 from .findings import Finding, error_ratios
 from .oracle import truth, truth_given
 from .precision import dtype_name, overflow_threshold, unit_roundoff
+from .spectra import decayed_cumsum, denominator_terms
 
 REASSOCIATION_FACTOR = 2.0
 LOW_PRECISION_K = 2.0  # the low-precision rule's factor on the naive definition's error
@@ -219,13 +220,14 @@ TERMS_FLOOR = 2.0**-900  # a row's scale_i below this: its float64 terms have lo
 @dataclass(frozen=True)
 class _FeatureDenominator:
     """The float64 quantities of a variant whose definition divides by its features' denominator:
-    phi(Q), phi(K) (``Variant.quotient_features``), den_i, lean_i, scale_i (``spectra.denominator_terms``,
-    den without eps), eps, and ``rows``: where those terms are finite and scale_i >= ``TERMS_FLOOR``, so that
-    no term sank into float64's subnormals (a causal row far below the keys' common shift); the functions
-    below say nothing of other rows."""
+    phi(Q), phi(K) and the causal log decays g or None (``Variant.quotient_features``), den_i, lean_i, scale_i
+    (``spectra.denominator_terms``, den without eps), eps, and ``rows``: where those terms are finite and
+    scale_i >= ``TERMS_FLOOR``, so that no term sank into float64's subnormals; the functions below say
+    nothing of other rows."""
 
     fq: np.ndarray
     fk: np.ndarray
+    g: np.ndarray | None
     den: np.ndarray
     lean: np.ndarray
     scale: np.ndarray
@@ -235,17 +237,17 @@ class _FeatureDenominator:
 
 def _feature_denominator(variant: Any, q: Any, k: Any, kwargs: Any, causal: bool) -> _FeatureDenominator | None:
     """``_FeatureDenominator`` for a variant tagged ``feature-denominator``, else None."""
-    from .spectra import denominator_terms
-
     var = _variants.get(variant)
     params = var.split_kwargs(kwargs)[0]
     if "feature-denominator" not in var.tags(params):
         return None
     with np.errstate(all="ignore"):
-        fq, fk = (np.asarray(x, dtype=np.float64) for x in var.quotient_features(q, k, **kwargs))
-        den, lean, scale = denominator_terms(fq, fk, causal=causal)
+        fq, fk, g = (None if x is None else np.asarray(x, dtype=np.float64) for x in var.quotient_features(
+            q, k, causal=causal, **kwargs
+        ))
+        den, lean, scale = denominator_terms(fq, fk, causal=causal, g=g)
         rows = np.isfinite(den) & np.isfinite(lean) & np.isfinite(scale) & (scale >= TERMS_FLOOR)
-    return _FeatureDenominator(fq, fk, den, lean, scale, float(params["eps"]), rows)
+    return _FeatureDenominator(fq, fk, g, den, lean, scale, float(params["eps"]), rows)
 
 
 def _accumulator_roundoff(dtype: Any) -> float:
@@ -276,8 +278,9 @@ def state_resolution(
 ) -> np.ndarray | None:
     """For a variant whose denominator is its features' (tag ``feature-denominator``), the first-order
     change of o_i = phi(q_i) . S_i / (phi(q_i) . z_i + eps) when every entry of the linear form's state,
-    S_i = sum_{j (<= i)} phi(k_j) v_j^T and z_i = sum_j phi(k_j), is rounded once at the accumulator's
-    unit roundoff u_acc = min(u, u_float32) (kernels hold the state in at least float32):
+    S_i = sum_{j (<= i)} phi(k_j) v_j^T and z_i = sum_j phi(k_j) (each key times its decays to row i where the
+    causal definition has them), is rounded once at the accumulator's unit roundoff u_acc = min(u, u_float32)
+    (kernels hold the state in at least float32):
 
         rho_i = u_acc (sum_c |phi(q_i)_c| |S_ic| + |o_i| sum_c |phi(q_i)_c| |z_ic|) / |phi(q_i) . z_i + eps|,
 
@@ -289,7 +292,9 @@ def state_resolution(
     u_acc = _accumulator_roundoff(dtype)
     with np.errstate(all="ignore"):
         kv = f.fk[..., :, :, None] * np.asarray(v, dtype=np.float64)[..., :, None, :]  # (B, H, N, m, d_v)
-        s = np.cumsum(kv, axis=-3) if causal else np.sum(kv, axis=-3, keepdims=True)
+        s = decayed_cumsum(kv, None if f.g is None else f.g[..., None], axis=-3) if causal else np.sum(
+            kv, axis=-3, keepdims=True
+        )
         den = f.den + f.eps
         o = np.sum(f.fq[..., None] * s, axis=-2) / den[..., None]
         moved = np.sum(np.abs(f.fq)[..., None] * np.abs(s), axis=-2) + np.abs(o) * f.lean[..., None]
@@ -302,36 +307,60 @@ def amplitude_resolution(
 ) -> np.ndarray | None:
     """For a variant whose denominator is its features' (tag ``feature-denominator``) and whose keys'
     features share rounded steps (``Variant.amplitude_rounding``: phi(k_s) scaled by 1 + delta_s, delta_s
-    independent across keys with root mean square sigma_s u_acc, u_acc = min(u, u_float32)), the root mean
-    square of the first-order move of o_i = sum_{s (<= i)} a_is v_s / (sum_s a_is + eps),
-    a_is = phi(q_i) . phi(k_s):
+    independent across keys with root mean square sigma_s u_acc, u_acc = min(u, u_float32); in the causal mode
+    also every key s < t scaled alike by 1 + epsilon_t, the rounding of the decay into token t, of root mean
+    square tau_t u_acc), the root mean square of the first-order move of
+    o_i = sum_{s (<= i)} a_is v_s / (sum_s a_is + eps), a_is = phi(q_i) . phi(k_s) (times the decays from s to i):
 
-        rho_i = u_acc sqrt( sum_{s (<= i)} sigma_s^2 a_is^2 (v_s - o_i)^2 ) / |sum_s a_is + eps|,
+        rho_i = u_acc sqrt( sum_{s (<= i)} sigma_s^2 a_is^2 (v_s - o_i)^2
+                            + [causal] sum_{t <= i} tau_t^2 (sum_{s < t} a_is (v_s - o_i))^2 ) / |sum_s a_is + eps|,
 
     shaped as v, 0 where not finite or the row's terms are out of range (``_FeatureDenominator``)
     (proofs/low-precision-rule.md, "The keys' amplitudes"); None for other variants."""
     f = _feature_denominator(variant, q, k, kwargs, causal)
-    sigma = None if f is None else _variants.get(variant).amplitude_rounding(q, k, causal=causal, **kwargs)
-    if f is None or sigma is None:
+    model = None if f is None else _variants.get(variant).amplitude_rounding(q, k, causal=causal, **kwargs)
+    if f is None or model is None:
         return None
     fq, fk = f.fq, f.fk
     u_acc = _accumulator_roundoff(dtype)
     v = np.asarray(v, dtype=np.float64)
     n = fq.shape[-2]
+    sigma2 = np.asarray(model.keys)[..., None, :] ** 2  # (B, H, 1, N): per key
+    tau2 = None if model.decays is None else np.asarray(model.decays)[..., None, :, None] ** 2  # (B, H, 1, N, 1)
+    log_decay = None if f.g is None else np.cumsum(f.g, axis=-2)  # (B, H, N, 1 or m): G_i - G_s from s to i
     rho = np.zeros(np.broadcast_shapes(fq.shape[:-1], v.shape[:-1]) + v.shape[-1:])
-    rows = max(1, 2**22 // max(1, rho.size))  # rows per block: its (B, H, rows, N, d_v) terms stay below 2^22
+    width = 1 if f.g is None else f.g.shape[-1]
+    rows = max(1, 2**22 // max(1, rho.size * width))  # rows per block: its (B, H, rows, N, d_v) terms stay below 2^22
     with np.errstate(all="ignore"):
         for lo in range(0, n, rows):
-            a = fq[..., lo : lo + rows, :] @ np.swapaxes(fk, -1, -2)  # (B, H, rows, N)
+            hi = min(lo + rows, n)
+            seen = np.arange(n)[None, :] <= np.arange(lo, hi)[:, None]  # (rows, N): s <= i
+            a = _row_weights(fq[..., lo:hi, :], fk, log_decay, lo, hi, seen)
             if causal:
-                a = np.where(np.arange(n)[None, :] <= np.arange(lo, min(lo + rows, n))[:, None], a, 0.0)
+                a = np.where(seen, a, 0.0)
             den = np.sum(a, axis=-1) + f.eps
             o = (a @ v) / den[..., None]
-            moved = (v[..., None, :, :] - o[..., :, None, :]) ** 2  # (B, H, rows, N, d_v)
-            weight = (a * np.asarray(sigma)[..., None, :]) ** 2
-            moved_by = np.sqrt(np.einsum("...is,...isc->...ic", weight, moved))
-            rho[..., lo : lo + rows, :] = moved_by / np.abs(den)[..., None] * u_acc
+            terms = a[..., None] * (v[..., None, :, :] - o[..., :, None, :])  # (B, H, rows, N, d_v)
+            moved = np.sum(sigma2[..., None] * terms**2, axis=-2)
+            if tau2 is not None:  # the decay into t moves sum_{s < t} of the row's terms
+                before = np.cumsum(terms, axis=-2) - terms
+                moved = moved + np.sum(np.where(seen[..., None], tau2 * before**2, 0.0), axis=-2)
+            rho[..., lo:hi, :] = np.sqrt(moved) / np.abs(den)[..., None] * u_acc
     return np.where(np.isfinite(rho) & f.rows[..., None], rho, 0.0)
+
+
+def _row_weights(
+    fq: np.ndarray, fk: np.ndarray, log_decay: np.ndarray | None, lo: int, hi: int, seen: np.ndarray
+) -> np.ndarray:
+    """a_is = sum_c phi(q_i)_c phi(k_s)_c exp(G_ic - G_sc) for the rows lo:hi (fq is theirs), G the cumulated log
+    decays (None: no decays); 0 where s > i (``seen`` False) when there are decays, whose exponent there is positive."""
+    if log_decay is None:
+        return fq @ np.swapaxes(fk, -1, -2)
+    gap = log_decay[..., lo:hi, None, :] - log_decay[..., None, :, :]  # (B, H, rows, N, c)
+    decay = np.exp(np.where(seen[..., None], gap, -np.inf))
+    if decay.shape[-1] == 1:
+        return (fq @ np.swapaxes(fk, -1, -2)) * decay[..., 0]
+    return np.einsum("...ic,...sc,...isc->...is", fq, fk, decay)
 
 
 def own_rounding(variant: Any, q: Any, k: Any, v: Any, *, causal: bool, dtype: Any, **kwargs: Any) -> np.ndarray | None:
@@ -346,6 +375,17 @@ def own_rounding(variant: Any, q: Any, k: Any, v: Any, *, causal: bool, dtype: A
     if state is None and amplitude is None:
         return None
     return LOW_PRECISION_K * np.sum([x for x in (state, amplitude) if x is not None], axis=0)
+
+
+def row_scales(pbound: np.ndarray, magnitude: np.ndarray, u: float) -> np.ndarray:
+    """c_i, broadcast over row i's entries (last axis): the row's largest probabilistic rounding bound, at least
+    u times its slice's ``magnitude``, infinite where that bound is not finite. The low-precision rules also hold
+    in the norm max_i |x_i| / c_i, each row against its own rounding sensitivity, so that one cancelling row's
+    naive error does not become every other row's allowance (proofs/low-precision-rule.md, "Each row in its own
+    scale")."""
+    with np.errstate(invalid="ignore"):
+        row = np.max(np.where(np.isnan(pbound), np.inf, pbound), axis=-1, keepdims=True)
+    return np.broadcast_to(np.maximum(row, u * np.asarray(magnitude)), np.shape(magnitude))
 
 
 COARSE_YARDSTICK = 0.1  # a yardstick off by this share of its slice's norm: said in the Finding's note

@@ -231,12 +231,31 @@ def feature_gram_spectrum(fk: Any, **kw: Any) -> Spectrum:
 # --------------------------------------------------------------------------------------------------
 # variants: factors where the variant has them, the dense matrix otherwise
 # --------------------------------------------------------------------------------------------------
-def denominator_terms(fq: Any, fk: Any, *, causal: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def decayed_cumsum(x: np.ndarray, g: np.ndarray | None, axis: int = -2) -> np.ndarray:
+    """z_t = exp(g_t) z_{t-1} + x_t along ``axis`` (z_0 = x_0), g broadcastable to x; None: the plain cumsum.
+    A recurrence, not exp(G_t - G_s) of cumulated logs, so that no term leaves float64's range."""
+    if g is None:
+        return np.cumsum(x, axis=axis)
+    xs = np.moveaxis(x, axis, 0)
+    alpha = np.moveaxis(np.broadcast_to(np.exp(g), x.shape), axis, 0)
+    z = np.empty(xs.shape, dtype=np.result_type(xs, alpha))
+    z[0] = xs[0]
+    for t in range(1, xs.shape[0]):
+        z[t] = alpha[t] * z[t - 1] + xs[t]
+    return np.moveaxis(z, 0, axis)
+
+
+def denominator_terms(
+    fq: Any, fk: Any, *, causal: bool = False, g: Any = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(den, lean, scale), each (..., N), from features fq, fk (..., N, m) in float64: with
     z_i = sum_{j (<= i)} phi(k_j), den_i = phi(q_i) . z_i, lean_i = sum_c |phi(q_i)_c z_ic| and
-    scale_i = |phi(q_i)| . sum_j |phi(k_j)| (den_i / scale_i is the row's margin)."""
-    z = np.cumsum(fk, axis=-2) if causal else np.sum(fk, axis=-2, keepdims=True)
-    za = np.cumsum(np.abs(fk), axis=-2) if causal else np.sum(np.abs(fk), axis=-2, keepdims=True)
+    scale_i = |phi(q_i)| . sum_j |phi(k_j)| (den_i / scale_i is the row's margin). ``g`` (..., N, 1 or m),
+    causal only: log decays, key j entering row i as phi(k_j) exp(sum_{j<t<=i} g_t) (``decayed_cumsum``)."""
+    if causal:
+        z, za = decayed_cumsum(fk, g), decayed_cumsum(np.abs(fk), g)
+    else:
+        z, za = np.sum(fk, axis=-2, keepdims=True), np.sum(np.abs(fk), axis=-2, keepdims=True)
     return np.sum(fq * z, axis=-1), np.sum(np.abs(fq * z), axis=-1), np.sum(np.abs(fq) * za, axis=-1)
 
 

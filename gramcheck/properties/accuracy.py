@@ -13,7 +13,9 @@ from ..agreement import (
     naive_yardsticks,
     output_distance,
     own_rounding,
+    row_scales,
     per_slice,
+    probabilistic_bound,
     resolution_radius,
     rounding_noise,
     slice_magnitude,
@@ -82,6 +84,12 @@ def low_precision(target: Target, ex: AttentionInputs, *, causal: bool) -> Findi
     def excuse() -> np.ndarray | None:
         """``own_rounding``, evaluated once, when a slice first fails."""
         return own_rounding(var, ex.q, ex.k, ex.v, causal=causal, dtype=target.dtype, **kw)
+    @functools.cache
+    def rows() -> np.ndarray:
+        """``row_scales``, evaluated once, when a slice first passes the rule in its own norm."""
+        pbound = probabilistic_bound(var, ex.q, ex.k, ex.v, causal=causal, dtype=target.dtype, **kw)[0]
+        return row_scales(pbound, magnitude, u)
+
     measured, details = -1.0, dict[str, Any]()
     resolution: np.ndarray | None = None
     for at, j in per_slice(judged):  # each (batch, head) slice on its own; the worst one reported
@@ -89,13 +97,13 @@ def low_precision(target: Target, ex: AttentionInputs, *, causal: bool) -> Findi
         def largest(diff: np.ndarray, m: np.ndarray = j) -> float:  # over the judged entries, NaN as inf
             return float(np.max(np.where(m, np.where(np.isnan(diff), np.inf, diff), 0.0), initial=0.0))
 
-        err_t = largest(dist)
         # the scale of the output: |truth|, or |v| where the truth cancels to (near) zero
         scale = max(float(np.max(np.abs(value[at]))), float(np.max(np.abs(ex.v[at]))))
         floor = LOW_PRECISION_FLOOR_ULPS * u * scale
 
-        def rule(e: float, floor: float = floor) -> float:
-            return LOW_PRECISION_K * e + floor
+        def ratio(err_t: float, err_n: float, floor: float = floor) -> float:
+            bound = LOW_PRECISION_K * err_n + floor
+            return float(err_t / bound) if bound > 0 else (0.0 if err_t == 0 else float("inf"))
 
         zero_yardstick = float("inf")
         if np.all(np.abs(t.value[j]) <= t.bound[j]):  # the exact value is 0: one rounding per result, as agreement
@@ -105,20 +113,33 @@ def low_precision(target: Target, ex: AttentionInputs, *, causal: bool) -> Findi
         if np.isfinite(zero_yardstick):
             err_n = zero_yardstick
         else:
-            err_n = forms.error(t.value, j, u, largest, lambda e, err_t=err_t: err_t > rule(e))
-        bound, yardstick = rule(err_n), None
-        if err_t > bound and not np.isfinite(zero_yardstick):  # each entry's own rounding first, as agreement
+            err_n = forms.error(t.value, j, u, largest, lambda e: ratio(largest(dist), e) > 1)
+
+        def judge(d: np.ndarray) -> tuple[float, float, str]:
+            """(ratio, err_t, norm) of the distances ``d``: the rule over the slice and, where that passes, each
+            row in its own scale (``row_scales``), the larger ratio and the norm that gave it."""
+            r_slice = ratio(largest(d), err_n)
+            if r_slice > 1 or np.isfinite(zero_yardstick) or not np.isfinite(err_n):
+                return r_slice, largest(d), "slice"
+            c = rows()
+            weighted = forms.error(t.value, j, u, lambda x: largest(x / c), lambda e: ratio(largest(d / c), e, 0) > 1)
+            with np.errstate(invalid="ignore"):  # a row of no finite scale is not judged in its own
+                allowed = np.where(np.isinf(c), np.inf, LOW_PRECISION_K * weighted * c + floor)
+            per_row = largest(d / allowed)
+            return (per_row, largest(d), "rows") if per_row > r_slice else (r_slice, largest(d), "slice")
+
+        (r, err_t, norm), yardstick = judge(dist), None
+        if r > 1 and not np.isfinite(zero_yardstick):  # each entry's own rounding first, as agreement
             own = excuse()
-            if own is not None and (beyond := largest(np.maximum(dist - own, 0.0))) < err_t:
-                err_t, yardstick = beyond, "own rounding"
-        if not np.isfinite(bound):
+            if own is not None and (excused := judge(np.maximum(dist - own, 0.0)))[0] < r:
+                (r, err_t, norm), yardstick = excused, "own rounding"
+        note = None
+        if not np.isfinite(LOW_PRECISION_K * err_n + floor):
             r, note = 0.0, "the naive reference is not finite in this dtype: the rule gives no bound"
-        else:
-            r, note = (float(err_t / bound) if bound > 0 else (0.0 if err_t == 0 else float("inf"))), None
         if r > measured:
             measured = r
             details = {"target_error": err_t, "naive_error": err_n, "k": LOW_PRECISION_K, "floor": floor}
-            details.update({"slice": list(at)}, **({"note": note} if note else {}))
+            details.update({"slice": list(at), "norm": norm}, **({"note": note} if note else {}))
             if yardstick is not None:
                 details["yardstick"] = yardstick
     details["noise_entries"] = int(noisy.sum())

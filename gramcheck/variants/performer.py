@@ -21,7 +21,7 @@ from ..inputs import projection as projection_input
 from ..torch_arith import TORCH
 from .common import chunked_gated_recurrence, ref_normalised, ref_normalised_gated, torch_normalised
 from .linear import LINEAR_FORMS
-from .spec import Variant
+from .spec import AmplitudeRounding, Variant
 
 
 def _features(ar: Any, q: Any, k: Any, w: Any, p: dict[str, Any]) -> tuple[Any, Any]:
@@ -89,29 +89,37 @@ def features(ar: Any, q: Any, k: Any, *, projection: Any, eps: float, **p: Any) 
     return _features(ar, q, k, projection, {**p, "stabilize": False})
 
 
-def quotient_features(ar: Any, q: Any, k: Any, *, projection: Any, eps: float, **p: Any) -> tuple[Any, Any]:
-    """The features the non-causal definition divides by: stabilised, queries by their own maximum and keys by
-    the maximum over every token and feature (with ``stabilize``), so that they stay in float64's range."""
-    return _features(ar, q, k, projection, p)
+def quotient_features(
+    ar: Any, q: Any, k: Any, *, causal: bool, projection: Any, eps: float, **p: Any
+) -> tuple[Any, Any, Any]:
+    """(phi(Q), phi(K), g): the features the definition divides by, in float64's range. Non-causal, stabilised
+    (with ``stabilize``): queries by their own maximum and keys by the maximum over every token and feature,
+    g None. Causal without eps, as ``reference`` computes them: keys by their running maximum, with the log
+    decays g that carry an earlier key to a later row (``featuremaps.favor_causal``), so that no row's terms
+    depend on a later key's shift."""
+    if causal and prefix_stabilised(p, eps):
+        return favor_causal(ar, q, k, projection, kind=p["kind"], scale=p["scale"])
+    return (*_features(ar, q, k, projection, p), None)
 
 
-def amplitude_rounding(q: Any, k: Any, *, causal: bool, projection: Any, **p: Any) -> Any:
-    """Trigonometric features: phi(k_s) = exp(L_s - M) [sin, cos](W x_s) / sqrt(m) with the log-amplitude
-    L_s = sum_i t_si, t_si = x_si^2 / 2, of the scaled key x_s = f k_s (f = d^-1/4, or sqrt(scale)) and M the
-    keys' shift (their maximum). The stored results of L_s - M round: each square (t_si), each partial sum
-    p of a pairwise tree over i (as torch's and Triton's reductions sum), the shift's difference
-    (L_s - M) and, unless f is a power of two (then x_s is exact), each scaled entry (2 t_si to first
-    order). Every feature of key s then moves by the same factor exp(delta L_s), and with independent
-    relative errors uniform on [-u, u] (the classical model of rounding errors) delta L_s has root mean
-    square sigma_s u,
+def amplitude_rounding(q: Any, k: Any, *, causal: bool, projection: Any, **p: Any) -> AmplitudeRounding | None:
+    """Trigonometric features: phi(k_s) = exp(L_s - M_s) [sin, cos](W x_s) / sqrt(m) with the log-amplitude
+    L_s = sum_i t_si, t_si = x_si^2 / 2, of the scaled key x_s = f k_s (f = d^-1/4, or sqrt(scale)) and M_s the
+    keys' shift: their maximum, or in the causal mode their running maximum max_{r<=s} L_r. The stored results
+    of L_s - M_s round: each square (t_si), each partial sum p of a pairwise tree over i (as torch's and
+    Triton's reductions sum), the shift's difference (L_s - M_s, unless L_s >= M_s / 2: exact by Sterbenz's
+    lemma) and, unless f is a power of two (then x_s is exact), each scaled entry (2 t_si to first order). Every feature of key s then moves by the same factor
+    exp(delta L_s), and with independent relative errors uniform on [-u, u] (the classical model of rounding
+    errors) delta L_s has root mean square sigma_s u,
 
-        sigma_s^2 = ((1 + 4 [f inexact]) sum_i t_si^2 + sum_p p^2 + (L_s - M)^2) / 3.
+        sigma_s^2 = ((1 + 4 [f inexact]) sum_i t_si^2 + sum_p p^2 + [L_s < M_s / 2] (L_s - M_s)^2) / 3.
 
-    A change of M is one factor for all keys, which cancels. None for the exponential kinds, which have one
-    log-amplitude per feature and a positive denominator, and in the causal mode, whose keys are shifted
-    by their running maximum and carried by rounded decays exp(g_t) that scale every earlier key alike
-    (correlated errors this model does not hold; a global M there charged rows for keys after them)."""
-    if p["kind"] != "trig" or causal:
+    A change of M is one factor for all keys, which cancels. In the causal mode the state carries the keys
+    before token t into t's row by the decay exp(g_t), g_t = M_{t-1} - M_t; as a recurrence computes it, g_t
+    (unless M_t <= 2 M_{t-1}) and its exponential round once each, which moves every key s < t alike, with root
+    mean square tau_t u, tau_t^2 = ([M_t > 2 M_{t-1}] g_t^2 + 1) / 3 (0 where g_t = 0: the decay 1 is exact). None for the exponential
+    kinds, which have one log-amplitude per feature and a positive denominator."""
+    if p["kind"] != "trig":
         return None
     k = np.asarray(k, dtype=np.float64)
     f = k.shape[-1] ** -0.25 if p["scale"] is None else float(np.sqrt(p["scale"]))
@@ -124,9 +132,16 @@ def amplitude_rounding(q: Any, k: Any, *, causal: bool, projection: Any, **p: An
         paired = level[..., : n - n % 2 : 2] + level[..., 1 : n - n % 2 : 2]
         partials = partials + np.sum(paired**2, axis=-1)
         level = np.concatenate([paired, level[..., n - n % 2 :]], axis=-1)
-    log_amplitude = level[..., 0]
-    shift = log_amplitude - np.max(log_amplitude, axis=-1, keepdims=True)
-    return np.sqrt((squares + partials + shift**2) / 3.0)
+    log_amplitude = level[..., 0]  # L >= 0, so a difference of two within a factor 2 is exact (Sterbenz)
+    if causal:
+        run = np.maximum.accumulate(log_amplitude, axis=-1)
+        before = np.concatenate([run[..., :1], run[..., :-1]], axis=-1)
+        g = np.where(run > 2 * before, before - run, 0.0)
+        decays = np.where(run != before, np.sqrt((g**2 + 1.0) / 3.0), 0.0)
+    else:
+        run, decays = np.max(log_amplitude, axis=-1, keepdims=True), None
+    shift = np.where(2 * log_amplitude < run, log_amplitude - run, 0.0)
+    return AmplitudeRounding(np.sqrt((squares + partials + shift**2) / 3.0), decays)
 
 
 def torch_forward(

@@ -60,6 +60,17 @@ CALL_OPTIONS = ("initial_state", "output_final_state", "cu_seqlens")
 
 
 @dataclass(frozen=True)
+class AmplitudeRounding:
+    """How the roundings of a variant's shared feature steps move its keys, per unit roundoff and to first order
+    under independent uniform roundings (proofs/low-precision-rule.md, "The keys' amplitudes"): ``keys``
+    (B, H, N), sigma_s, the root mean square of the relative move of phi(k_s) as a whole; ``decays`` (B, H, N) or
+    None, tau_t, that of the move a causal state's decay into token t gives every earlier key alike."""
+
+    keys: np.ndarray
+    decays: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
 class Variant:
     """An attention variant: its hyperparameters, its extra inputs, its reference and torch forms, and
     the answers to every per-variant question the properties ask.
@@ -85,11 +96,11 @@ class Variant:
     noncausal_only: tuple[str, ...] = ()  # forms that exist only without the causal mask
     # (ar, q, k, **params, **extras) -> (phi(Q), phi(K)): the Gram factors, for variants that have them
     features_fn: Callable[..., Any] | None = field(default=None, repr=False)
-    # (ar, q, k, **params, **extras) -> (phi(Q), phi(K)) as the definition divides by them, where they are
-    # ``features_fn``'s up to positive factors (``quotient_features``)
+    # (ar, q, k, *, causal, **params, **extras) -> (phi(Q), phi(K), g) as the definition divides by them, where
+    # they are ``features_fn``'s up to positive factors (``quotient_features``)
     quotient_features_fn: Callable[..., Any] | None = field(default=None, repr=False)
-    # (q, k, *, causal, **params, **extras) -> (B, H, N) or None: how much each key's features share in rounding
-    # (``amplitude_rounding``)
+    # (q, k, *, causal, **params, **extras) -> AmplitudeRounding or None: how much each key's features share in
+    # rounding (``amplitude_rounding``)
     amplitude_rounding_fn: Callable[..., Any] | None = field(default=None, repr=False)
     recurrence: str = "none"
     tags_fn: Callable[[Mapping[str, Any]], frozenset[str]] | None = field(default=None, repr=False)
@@ -349,27 +360,29 @@ class Variant:
         self._check(q, k, k, extras)
         return _evaluate(self.features_fn, arith, (q, k), params, extras)
 
-    def quotient_features(self, q: Any, k: Any, *, arith: Any = F64, **kwargs: Any) -> tuple[Any, Any]:
-        """``features`` as the definition computes them for its quotient: the same up to a positive factor
-        per row of phi(Q) and one of phi(K), which a quotient without eps does not see, but in range where
-        the Gram factors overflow (FAVOR+'s stabilised features)."""
+    def quotient_features(
+        self, q: Any, k: Any, *, causal: bool = False, arith: Any = F64, **kwargs: Any
+    ) -> tuple[Any, Any, Any]:
+        """(phi(Q), phi(K), g): ``features`` as the definition computes them for its quotient, the same up to a
+        positive factor per row of phi(Q) and one of phi(K), which a quotient without eps does not see, but in
+        range where the Gram factors overflow (FAVOR+'s stabilised features); g (B, H, N, 1 or m), or None, the
+        log decays of a causal definition that stabilises keys by a running shift: key s enters row i >= s with
+        phi(k_s) exp(sum_{s<t<=i} g_t) (``featuremaps.favor_causal``)."""
         if self.quotient_features_fn is None:
-            return self.features(q, k, arith=arith, **kwargs)
+            return (*self.features(q, k, arith=arith, **kwargs), None)
         params, extras = self.split_kwargs(kwargs)
         self._check(q, k, k, extras)
-        return _evaluate(self.quotient_features_fn, arith, (q, k), params, extras)
+        return _evaluate(self.quotient_features_fn, arith, (q, k), params, extras, causal=causal)
 
-    def amplitude_rounding(self, q: Any, k: Any, *, causal: bool, **kwargs: Any) -> Any:
-        """sigma_s (B, H, N), float64: phi(k_s) is a common amplitude times a per-feature part, and the
-        roundings of the amplitude's computation scale phi(k_s) as a whole by (1 + delta_s), delta_s of root
-        mean square sigma_s u to first order under independent uniform roundings
-        (proofs/low-precision-rule.md, "The keys' amplitudes"); None where the features share no rounded
-        step (relu), where the variant does not model that mode, or where it has no feature map."""
+    def amplitude_rounding(self, q: Any, k: Any, *, causal: bool, **kwargs: Any) -> AmplitudeRounding | None:
+        """How the roundings of the keys' shared steps move them (``AmplitudeRounding``); None where the features
+        share no rounded step (relu) or where the variant has no feature map."""
         if self.amplitude_rounding_fn is None:
             return None
         params, extras = self.split_kwargs(kwargs)
         self._check(q, k, k, extras)
-        return self.amplitude_rounding_fn(q, k, causal=causal, **params, **extras)
+        result: AmplitudeRounding | None = self.amplitude_rounding_fn(q, k, causal=causal, **params, **extras)
+        return result
 
     def torch(
         self,
