@@ -45,13 +45,16 @@ def _fixed(t: Target, out: np.ndarray) -> Target:
 
 
 # --- the rounding-noise gate ------------------------------------------------------------------------
-def test_the_low_precision_property_does_not_judge_rounding_noise():
+def test_the_low_precision_property_does_not_judge_rounding_noise(monkeypatch):
     """Trigonometric FAVOR+ in float32 (the input of test_verdicts'
     test_trigonometric_favor_in_float32_is_judged_against_a_float32_accumulator): entries whose float32
     probabilistic bound reaches their magnitude are noise for every algorithm; the per-entry property
-    counts them as agreement does, and a NaN on one of them still fails."""
+    counts them as agreement does, and a NaN on one of them still fails. (Every standard algorithm computes
+    those rows to better than 2^-10 of their magnitude, so they are judged, ``agreement.quiet_rows``; with
+    that evidence switched off they are the gate's noise, whose handling this tests.)"""
     from test_verdicts import _float32_favor_case
 
+    monkeypatch.setattr(A, "NOISE_EVIDENCE", 0.0)
     var, params, q, k, v, w = _float32_favor_case("performer-trig", 1, 29, 62, 64, 4.0)
     ex = AttentionInputs(q, k, v, {"projection": w}, "gaussian", "float32", {})
     t = builtin("performer-trig", form="recurrent", dtype="float32")
@@ -137,11 +140,13 @@ def test_an_exact_zero_at_large_d_fails_a_dropped_term():
     assert f.details["low_precision"]["yardstick"] == "resolution", f.details
 
 
-def test_rounding_noise_is_held_to_the_worst_case_bound():
+def test_rounding_noise_is_held_to_the_worst_case_bound(monkeypatch):
     """Entries at float32's noise floor are not judged for accuracy, but a correct algorithm stays within
-    its worst-case bound there too: an output three bounds off on one noise entry passed agreement before."""
+    its worst-case bound there too: an output three bounds off on one noise entry passed agreement before.
+    (The gate without ``agreement.quiet_rows``' evidence, as in the test above.)"""
     from test_verdicts import _float32_favor_case
 
+    monkeypatch.setattr(A, "NOISE_EVIDENCE", 0.0)
     var, params, q, k, v, w = _float32_favor_case("performer-trig", 1, 29, 62, 64, 4.0)
     t = builtin("performer-trig", form="recurrent", dtype="float32")
     out = t(q, k, v, causal=True, projection=w)
@@ -551,7 +556,7 @@ def test_the_yardsticks_sum_in_both_orders(monkeypatch):
 @pytest.mark.parametrize(
     "name, kind, before",
     [
-        ("performer_trig_f32_causal_heavy_tail", "heavy-tail", 1.08),
+        ("performer_trig_f32_causal_heavy_tail", "heavy-tail", 1.04),
         ("performer_trig_f32_causal_chunk16", "saved", 1.82),
     ],
 )
@@ -560,7 +565,7 @@ def test_trigonometric_favor_in_float32_against_the_linear_form_at_each_chunk_si
     failing example of a later draw, N = 254, d = 1): where denominators cancel, the chunked algorithm
     errs by the chunk size (its carried states round differently): the builtin (chunks of 16) errs
     2.3e-3 in norm on head 1, the shim's linear form in chunks of 64 (one chunk there) 3.0e-4, in chunks
-    of 16 1.4e-3. With the linear form at 64 alone as the yardstick the builtin failed (1.08 and 1.82);
+    of 16 1.4e-3. With the linear form at 64 alone as the yardstick the builtin failed (1.04 and 1.82);
     at each of ``forms.CHUNK_SIZES`` it passes, and an output 0.1% off still fails. (One rounding of the linear
     form's state, ``own_rounding``, covers those rows as well: the chunk sizes' effect is measured without it.)"""
     from dataclasses import replace

@@ -3,21 +3,25 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..agreement import (
     LOW_PRECISION_K,
+    Yardsticks,
     check_agreement,
     naive_yardsticks,
     output_distance,
     own_rounding,
-    row_scales,
     per_slice,
     probabilistic_bound,
+    quiet_rows,
     resolution_radius,
     rounding_noise,
+    row_scales,
     slice_magnitude,
     unresolved_entries,
 )
@@ -72,11 +76,12 @@ def low_precision(target: Target, ex: AttentionInputs, *, causal: bool) -> Findi
     unresolved = unresolved_entries(var, ex.q, ex.k, ex.v, causal=causal, dtype=target.dtype, **kw)
     value = np.where(defined & ~unresolved, t.value, 0.0)
     magnitude = slice_magnitude(value, ex.v)
+    forms = naive_yardsticks(var, ex.q, ex.k, ex.v, causal=causal, dtype=target.dtype, **kw)
     noisy = defined & np.isfinite(out) & rounding_noise(var, ex.q, ex.k, ex.v, causal=causal, magnitude=magnitude, **kw)
+    noisy &= ~quiet_rows(forms.forward, t.value, magnitude)
     judged = defined & ~noisy & ~(unresolved & ~np.isnan(out))
     if not judged.any():
         return None  # every entry is rounding noise: this input judges nothing
-    forms = naive_yardsticks(var, ex.q, ex.k, ex.v, causal=causal, dtype=target.dtype, **kw)
     u = unit_roundoff(target.dtype)
     dist = output_distance(out, t.value, target.dtype)
 
@@ -84,54 +89,33 @@ def low_precision(target: Target, ex: AttentionInputs, *, causal: bool) -> Findi
     def excuse() -> np.ndarray | None:
         """``own_rounding``, evaluated once, when a slice first fails."""
         return own_rounding(var, ex.q, ex.k, ex.v, causal=causal, dtype=target.dtype, **kw)
+
     @functools.cache
     def rows() -> np.ndarray:
-        """``row_scales``, evaluated once, when a slice first passes the rule in its own norm."""
+        """``row_scales``, evaluated once, when a slice first passes the rule over the whole slice."""
         pbound = probabilistic_bound(var, ex.q, ex.k, ex.v, causal=causal, dtype=target.dtype, **kw)[0]
         return row_scales(pbound, magnitude, u)
 
     measured, details = -1.0, dict[str, Any]()
     resolution: np.ndarray | None = None
     for at, j in per_slice(judged):  # each (batch, head) slice on its own; the worst one reported
-
-        def largest(diff: np.ndarray, m: np.ndarray = j) -> float:  # over the judged entries, NaN as inf
-            return float(np.max(np.where(m, np.where(np.isnan(diff), np.inf, diff), 0.0), initial=0.0))
-
         # the scale of the output: |truth|, or |v| where the truth cancels to (near) zero
         scale = max(float(np.max(np.abs(value[at]))), float(np.max(np.abs(ex.v[at]))))
         floor = LOW_PRECISION_FLOOR_ULPS * u * scale
-
-        def ratio(err_t: float, err_n: float, floor: float = floor) -> float:
-            bound = LOW_PRECISION_K * err_n + floor
-            return float(err_t / bound) if bound > 0 else (0.0 if err_t == 0 else float("inf"))
-
+        rule = _SliceRule(j, floor, forms, t.value, u)
         zero_yardstick = float("inf")
         if np.all(np.abs(t.value[j]) <= t.bound[j]):  # the exact value is 0: one rounding per result, as agreement
             if resolution is None:
                 resolution = resolution_radius(var, ex.q, ex.k, ex.v, causal=causal, dtype=target.dtype, **kw)
-            zero_yardstick = largest(resolution)
+            zero_yardstick = rule.largest(resolution)
         if np.isfinite(zero_yardstick):
-            err_n = zero_yardstick
+            err_n, scales = zero_yardstick, None
         else:
-            err_n = forms.error(t.value, j, u, largest, lambda e: ratio(largest(dist), e) > 1)
-
-        def judge(d: np.ndarray) -> tuple[float, float, str]:
-            """(ratio, err_t, norm) of the distances ``d``: the rule over the slice and, where that passes, each
-            row in its own scale (``row_scales``), the larger ratio and the norm that gave it."""
-            r_slice = ratio(largest(d), err_n)
-            if r_slice > 1 or np.isfinite(zero_yardstick) or not np.isfinite(err_n):
-                return r_slice, largest(d), "slice"
-            c = rows()
-            weighted = forms.error(t.value, j, u, lambda x: largest(x / c), lambda e: ratio(largest(d / c), e, 0) > 1)
-            with np.errstate(invalid="ignore"):  # a row of no finite scale is not judged in its own
-                allowed = np.where(np.isinf(c), np.inf, LOW_PRECISION_K * weighted * c + floor)
-            per_row = largest(d / allowed)
-            return (per_row, largest(d), "rows") if per_row > r_slice else (r_slice, largest(d), "slice")
-
-        (r, err_t, norm), yardstick = judge(dist), None
-        if r > 1 and not np.isfinite(zero_yardstick):  # each entry's own rounding first, as agreement
+            err_n, scales = forms.error(t.value, j, u, rule.largest, rule.fails(rule.largest(dist))), rows
+        (r, err_t, norm), yardstick = rule.judge(dist, err_n, scales), None
+        if r > 1 and scales is not None:  # each entry's own rounding first, as agreement
             own = excuse()
-            if own is not None and (excused := judge(np.maximum(dist - own, 0.0)))[0] < r:
+            if own is not None and (excused := rule.judge(np.maximum(dist - own, 0.0), err_n, scales))[0] < r:
                 (r, err_t, norm), yardstick = excused, "own rounding"
         note = None
         if not np.isfinite(LOW_PRECISION_K * err_n + floor):
@@ -144,3 +128,46 @@ def low_precision(target: Target, ex: AttentionInputs, *, causal: bool) -> Findi
                 details["yardstick"] = yardstick
     details["noise_entries"] = int(noisy.sum())
     return with_counterexample(Finding("low-precision", float(measured), 1.0, details=details), ex)
+
+
+@dataclass(frozen=True)
+class _SliceRule:
+    """The rule on one (batch, head) slice: its judged entries ``mask``, its ``floor`` and yardsticks."""
+
+    mask: np.ndarray
+    floor: float
+    forms: Yardsticks
+    truth_value: np.ndarray
+    u: float
+
+    def largest(self, diff: np.ndarray) -> float:
+        """max over the judged entries, NaN as inf."""
+        return float(np.max(np.where(self.mask, np.where(np.isnan(diff), np.inf, diff), 0.0), initial=0.0))
+
+    def ratio(self, err_t: float, err_n: float, floor: float | None = None) -> float:
+        """err_t / (k err_n + floor), the slice's floor unless given."""
+        bound = LOW_PRECISION_K * err_n + (self.floor if floor is None else floor)
+        return float(err_t / bound) if bound > 0 else (0.0 if err_t == 0 else float("inf"))
+
+    def fails(self, err_t: float, floor: float | None = None) -> Callable[[float], bool]:
+        """Whether err_t fails against a yardstick's error (``Yardsticks.error`` asks the other order then)."""
+        return lambda e: self.ratio(err_t, e, floor) > 1
+
+    def judge(self, d: np.ndarray, err_n: float, scales: Callable[[], np.ndarray] | None) -> tuple[float, float, str]:
+        """(ratio, err_t, norm) of the distances ``d``: the rule over the slice and, where that passes and
+        ``scales`` gives the rows' c (``agreement.row_scales``), each row in its own scale,
+        |d_i| <= k c_i max_j(|naive_j - truth_j| / c_j) + floor; the larger ratio and the norm that gave it."""
+        err_t = self.largest(d)
+        r_slice = self.ratio(err_t, err_n)
+        if r_slice > 1 or scales is None or not np.isfinite(err_n):
+            return r_slice, err_t, "slice"
+        c = scales()
+        with np.errstate(invalid="ignore"):  # a row of no finite scale is judged over the slice only
+
+            def weighted(x: np.ndarray) -> float:
+                return self.largest(x / c)
+
+            per_c = self.forms.error(self.truth_value, self.mask, self.u, weighted, self.fails(weighted(d), 0.0))
+            allowed = np.where(np.isinf(c), np.inf, LOW_PRECISION_K * per_c * c + self.floor)
+            per_row = self.largest(d / allowed)
+        return (per_row, err_t, "rows") if per_row > r_slice else (r_slice, err_t, "slice")

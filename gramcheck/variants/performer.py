@@ -108,17 +108,17 @@ def amplitude_rounding(q: Any, k: Any, *, causal: bool, projection: Any, **p: An
     keys' shift: their maximum, or in the causal mode their running maximum max_{r<=s} L_r. The stored results
     of L_s - M_s round: each square (t_si), each partial sum p of a pairwise tree over i (as torch's and
     Triton's reductions sum), the shift's difference (L_s - M_s, unless L_s >= M_s / 2: exact by Sterbenz's
-    lemma) and, unless f is a power of two (then x_s is exact), each scaled entry (2 t_si to first order). Every feature of key s then moves by the same factor
-    exp(delta L_s), and with independent relative errors uniform on [-u, u] (the classical model of rounding
-    errors) delta L_s has root mean square sigma_s u,
+    lemma) and, unless f is a power of two (then x_s is exact), each scaled entry (2 t_si to first order).
+    Every feature of key s then moves by the same factor exp(delta L_s), and with independent relative errors
+    uniform on [-u, u] (the classical model of rounding errors) delta L_s has root mean square sigma_s u,
 
         sigma_s^2 = ((1 + 4 [f inexact]) sum_i t_si^2 + sum_p p^2 + [L_s < M_s / 2] (L_s - M_s)^2) / 3.
 
     A change of M is one factor for all keys, which cancels. In the causal mode the state carries the keys
     before token t into t's row by the decay exp(g_t), g_t = M_{t-1} - M_t; as a recurrence computes it, g_t
     (unless M_t <= 2 M_{t-1}) and its exponential round once each, which moves every key s < t alike, with root
-    mean square tau_t u, tau_t^2 = ([M_t > 2 M_{t-1}] g_t^2 + 1) / 3 (0 where g_t = 0: the decay 1 is exact). None for the exponential
-    kinds, which have one log-amplitude per feature and a positive denominator."""
+    mean square tau_t u, tau_t^2 = ([M_t > 2 M_{t-1}] g_t^2 + 1) / 3 (0 where g_t = 0: the decay 1 is exact).
+    None for the exponential kinds, which have one log-amplitude per feature and a positive denominator."""
     if p["kind"] != "trig":
         return None
     k = np.asarray(k, dtype=np.float64)
