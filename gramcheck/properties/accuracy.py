@@ -78,7 +78,8 @@ def low_precision(target: Target, ex: AttentionInputs, *, causal: bool) -> Findi
     magnitude = slice_magnitude(value, ex.v)
     forms = naive_yardsticks(var, ex.q, ex.k, ex.v, causal=causal, dtype=target.dtype, **kw)
     noisy = defined & np.isfinite(out) & rounding_noise(var, ex.q, ex.k, ex.v, causal=causal, magnitude=magnitude, **kw)
-    noisy &= ~quiet_rows(forms.forward, t.value, magnitude)
+    if noisy.any():
+        noisy &= ~quiet_rows(var, kw, forms.forward, t.value, magnitude)
     judged = defined & ~noisy & ~(unresolved & ~np.isnan(out))
     if not judged.any():
         return None  # every entry is rounding noise: this input judges nothing
