@@ -523,45 +523,57 @@ def _rule_by_rows(
     naive: Yardsticks,
     u: float,
     excuse: Callable[[], np.ndarray | None],
+    pool: np.ndarray | None = None,
 ) -> Callable[[bool], tuple[float, bool]]:
-    """The rule in norm with each row in its own scale c_i (``row_scales``): over the rows of ``mask``,
+    """The rule in norm with each row in its own scale c_i (``row_scales``): over the rows i of ``mask``,
 
         ||err_i||_2 <= k c_i max_j (||naive_j - truth_j||_2 / c_j) + f u max_j ||truth_j||_2,
 
-    the rows' norms over the entries of ``mask``, every yardstick net of the truth's bound as in the slice's
-    rule. Returns a function of whether each entry's own rounding is first taken off ``err``, giving
-    (ratio, settled): settled where the ratio is above 1 even at the truth's most favourable value."""
+    j over the rows of ``pool`` (default ``mask``), each row's norm over the entries of its mask, every
+    yardstick net of the truth's bound as in the slice's rule; rows of no finite c are not judged. Returns a
+    function of whether each entry's own rounding is first taken off ``err``, giving (ratio, settled):
+    settled where the ratio is above 1 even at the truth's most favourable value."""
+    pool = mask if pool is None else pool
     c = scales[..., 0]
-    rows = mask.any(axis=-1)
+    rows, pooled = mask.any(axis=-1) & np.isfinite(c), pool.any(axis=-1) & np.isfinite(c)
 
-    def row_norms(x: np.ndarray) -> np.ndarray:
-        return np.sqrt(np.sum(np.where(mask, x, 0.0) ** 2, axis=-1))
+    def row_norms(x: np.ndarray, m: np.ndarray) -> np.ndarray:
+        return np.sqrt(np.sum(np.where(m, x, 0.0) ** 2, axis=-1))
 
-    t_rows = row_norms(t.bound)
-    floor = LOW_PRECISION_FLOOR_ULPS * u * float(np.max(np.where(rows, row_norms(t.value), 0.0), initial=0.0))
+    def largest(x: np.ndarray, over: np.ndarray) -> float:
+        return float(np.max(np.where(over, np.where(np.isnan(x), np.inf, x), 0.0), initial=0.0))
 
-    def largest(x: np.ndarray) -> float:
-        with np.errstate(invalid="ignore"):  # a row of no finite scale is judged over the slice only
-            return float(np.max(np.where(rows & np.isfinite(c), np.where(np.isnan(x), np.inf, x), 0.0), initial=0.0))
+    t_pool, t_rows = row_norms(t.bound, pool), row_norms(t.bound, mask)
+    floor = LOW_PRECISION_FLOOR_ULPS * u * largest(row_norms(t.value, pool), pooled)
 
     def ratios(e_t: np.ndarray, per_c: float) -> float:
         with np.errstate(all="ignore"):
-            return largest(e_t / (LOW_PRECISION_K * per_c * c + floor))
+            return largest(e_t / (LOW_PRECISION_K * per_c * c + floor), rows)
 
     def judge(excused: bool) -> tuple[float, bool]:
         own = excuse() if excused else None
-        e = row_norms(err if own is None else np.maximum(err - own, 0.0))
+        e = row_norms(err if own is None else np.maximum(err - own, 0.0), mask)
 
         def per_c(x: np.ndarray) -> float:
             with np.errstate(all="ignore"):
-                return largest(np.maximum(row_norms(x) - t_rows, 0.0) / c)
+                return largest(np.maximum(row_norms(x, pool) - t_pool, 0.0) / c, pooled)
 
-        rho = naive.error(t.value, mask, u, per_c, lambda p: ratios(e, p) > 1.0)
+        rho = naive.error(t.value, pool, u, per_c, lambda p: ratios(e, p) > 1.0)
         with np.errstate(all="ignore"):
-            most = rho + largest(2 * t_rows / c)
+            most = rho + largest(2 * t_pool / c, pooled)
         return ratios(e, rho), ratios(np.maximum(e - 2 * t_rows, 0.0), most) > 1.0
 
     return judge
+
+
+def row_magnitude(value: np.ndarray, v: Any) -> np.ndarray:
+    """The larger of each row's largest |value| and its slice's largest |v| (the scale of an output that cancels:
+    |o| <= max|v| in normalised attention), broadcast to value's shape: a bound not below it cannot tell the
+    row from zero."""
+    value = np.asarray(value, dtype=np.float64)
+    a = np.where(np.isfinite(value), np.abs(value), 0.0)
+    values = _slice_scale(np.broadcast_to(np.asarray(v, dtype=np.float64), a.shape))
+    return np.maximum(np.broadcast_to(np.max(a, axis=-1, keepdims=True, initial=0.0), a.shape), values)
 
 
 @algorithm_underflow.judged_by(lambda name, output, variant, *args, **kw: _variants.get(variant))
@@ -592,7 +604,7 @@ def check_agreement(
     reach = flushing_reach(var, bound, q, k, v, causal=causal, dtype=dtype, **kwargs)
     unresolved = unresolved_entries(var, q, k, v, causal=causal, dtype=dtype, **kwargs)
     scale = slice_magnitude(approx, v)
-    vacuous_guess = ~(bound < 0.5 * scale)
+    vacuous_guess = ~(bound < 0.5 * scale) | ~(bound < row_magnitude(approx, v))
     if vacuous_guess.any():
         pbound, probability = probabilistic_bound(var, q, k, v, causal=causal, dtype=dtype, **kwargs)
     else:
@@ -717,6 +729,28 @@ def _judge(
         ratios[rule] = float(r[idx])
         if float(r[idx]) > measured or worst_at is None:
             measured, worst_rule, worst_at = float(r[idx]), rule, tuple(int(i) for i in idx)
+    # 1b. a worst-case bound not below its own row's magnitude cannot tell that row from zero: such rows are
+    # also held to the naive forms' error per unit of sensitivity, pooled over every row of their slice
+    # (proofs/low-precision-rule.md, "A bound above its own row's magnitude")
+    beside = wc & ~(bound < row_magnitude(np.where(defined, t.value, 0.0), v))
+    if beside.any() and np.isfinite(pbound[beside]).any():
+        scales = row_scales(pbound, mag, u)
+        r_beside = -1.0
+        for at, b_s in per_slice(beside):
+            pool = np.zeros_like(defined)
+            pool[at] = defined[at]
+            judge = _rule_by_rows(err, b_s, scales, t, naive, u, excuse, pool)
+            r_b, settled = judge(False)
+            if r_b > 1.0 and excuse() is not None and (excused := judge(True))[0] < r_b:
+                r_b, settled = excused
+            rule_open = rule_open or (r_b > 1.0 and not settled)
+            if r_b > r_beside:
+                r_beside, worst_beside = r_b, b_s
+        ratios["row scale"] = r_beside
+        if r_beside > measured:
+            b_err = np.where(worst_beside, err, -1.0)
+            measured, worst_rule = r_beside, "row scale"
+            worst_at = tuple(int(i) for i in np.unravel_index(int(np.argmax(b_err)), b_err.shape))
     # 3. the low-precision rule, in norm over the entries left, where the naive definition is informative
     # and the entry is more than rounding noise at float32's unit roundoff (a non-finite output is never
     # noise: the rule judges it, and fails it where the naive definition is finite)

@@ -13,17 +13,18 @@ each token's own kernel term subtracted, scaled by a (learnable) temperature, wi
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
 import numpy as np
 
 from ..featuremaps import elementwise
-from ..forms import linear_recurrence
+from ..forms import CHUNK_SIZES, linear_recurrence
 from ..hyperparams import scale_value
 from ..torch_arith import TORCH
 from ..validation import check_positive_int
-from .common import causal_keep, kernel_product, masked_softmax, rms_normalise
+from .common import causal_keep, chunked_gated_recurrence, kernel_product, masked_softmax, rms_normalise
 from .linear import LINEAR_FORMS, features
 from .softmax import ROW_STOCHASTIC
 from .softmax import jacobian as softmax_jacobian
@@ -126,6 +127,20 @@ def reference_diag_subtracted(ar: Any, q: Any, k: Any, v: Any, *, causal: bool, 
     return (full - ar.sum(fq * fk, axis=-1, keepdims=True) * v) * tau
 
 
+def linear_form_diag_subtracted(
+    ar: Any, q: Any, k: Any, v: Any, *, causal: bool, feature: str, tau: float, chunk: int = CHUNK_SIZES[-1]
+) -> Any:
+    """The same output by the linear form, the production algorithm: tau (phi(Q) (phi(K)^T V) - diag(A) V), causal
+    by chunks of ``chunk`` tokens (``common.chunked_gated_recurrence``). Equal to ``reference_diag_subtracted``
+    in exact arithmetic; its state holds each key's term summed with the others, so the diagonal cancels against
+    another rounding than the quadratic form's (float16: the builtin erred 10 times the quadratic definition
+    on a cancelling row; proofs/low-precision-rule.md)."""
+    phi = elementwise(feature)
+    fq, fk = phi(ar, q), phi(ar, k)
+    full = chunked_gated_recurrence(ar, fq, fk, v, None, chunk) if causal else ar.matmul(fq, ar.matmul(ar.mT(fk), v))
+    return (full - ar.sum(fq * fk, axis=-1, keepdims=True) * v) * tau
+
+
 def torch_diag_subtracted(
     q: Any, k: Any, v: Any, *, causal: bool, form: str, chunk_size: int, feature: str, tau: float
 ) -> Any:
@@ -177,6 +192,8 @@ VARIANTS = [
         noncausal_only=("parallel",),
         declares=frozenset({"causal", "linear-in-v"}),
         reference_fn=reference_diag_subtracted,
+        algorithms_fn=(linear_form_diag_subtracted,),
+        causal_algorithms_fn=tuple(functools.partial(linear_form_diag_subtracted, chunk=c) for c in CHUNK_SIZES[:-1]),
         torch_fn=torch_diag_subtracted,
         features_fn=features,
         recurrence="diagonal",
