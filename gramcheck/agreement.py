@@ -242,9 +242,9 @@ def _feature_denominator(variant: Any, q: Any, k: Any, kwargs: Any, causal: bool
     if "feature-denominator" not in var.tags(params):
         return None
     with np.errstate(all="ignore"):
-        fq, fk, g = (None if x is None else np.asarray(x, dtype=np.float64) for x in var.quotient_features(
-            q, k, causal=causal, **kwargs
-        ))
+        phi_q, phi_k, log_decays = var.quotient_features(q, k, causal=causal, **kwargs)
+        fq, fk = np.asarray(phi_q, dtype=np.float64), np.asarray(phi_k, dtype=np.float64)
+        g = None if log_decays is None else np.asarray(log_decays, dtype=np.float64)
         den, lean, scale = denominator_terms(fq, fk, causal=causal, g=g)
         rows = np.isfinite(den) & np.isfinite(lean) & np.isfinite(scale) & (scale >= TERMS_FLOOR)
     return _FeatureDenominator(fq, fk, g, den, lean, scale, float(params["eps"]), rows)
