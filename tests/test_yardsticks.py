@@ -606,6 +606,24 @@ def test_the_diagonal_subtracted_linear_form_is_a_yardstick(monkeypatch):
     assert agreement(out, quadratic).measured == pytest.approx(1.23, abs=0.01)
 
 
+def test_the_normattention_linear_form_is_a_yardstick():
+    """transnormer-norm, causal, bfloat16 (a seed-7 ci draw of ``low-precision``: H = 2, N = 284, d = 2): where
+    phi(Q)(phi(K)^T V) cancels, SRMSNorm scales its rounding up; the builtin (the linear form) erred 0.075 at
+    row 17 of head 1, the quadratic definition 0.0067, and ``low-precision`` failed it at 1.15. The linear form
+    in chunks of 16 errs 0.091 there: with the linear form at each chunk size among the yardsticks the builtin
+    passes; zeros fail both properties, and the output 3% off fails agreement."""
+    ex = _example("transnormer_norm_bf16_causal_cancelling", "bfloat16")
+    t = builtin("transnormer-norm", dtype="bfloat16")
+    out = np.asarray(t(ex.q, ex.k, ex.v, causal=True), dtype=np.float64)
+
+    def agreement(o):
+        return A.check_agreement("agreement", o, t.variant, ex.q, ex.k, ex.v, causal=True, dtype="bfloat16", **t.params)
+
+    assert low_precision(t, ex, causal=True).passed and agreement(out).passed
+    assert not low_precision(_fixed(t, 0 * out), ex, causal=True).passed and not agreement(0 * out).passed
+    assert not agreement(out * 1.03).passed
+
+
 # --- how sharp the truth is asked for ---------------------------------------------------------------------
 def test_the_truth_is_asked_for_as_sharply_as_the_yardstick_that_judges():
     """deltanet, causal, float16 (seed 3's ci check: large magnitudes, N = 316, d = 37). The definition's float16

@@ -70,6 +70,33 @@ def torch_norm(
     return _output_norm(TORCH, u, norm, gain, norm_eps).to(fq.dtype)
 
 
+def linear_product(ar: Any, fq: Any, fk: Any, v: Any, causal: bool, chunk: int) -> Any:
+    """phi(Q) (phi(K)^T V) by the linear form, causal by chunks of ``chunk`` tokens
+    (``common.chunked_gated_recurrence``): ``kernel_product`` in the production algorithm's order."""
+    return chunked_gated_recurrence(ar, fq, fk, v, None, chunk) if causal else ar.matmul(fq, ar.matmul(ar.mT(fk), v))
+
+
+def linear_form_norm(
+    ar: Any,
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    causal: bool,
+    feature: str,
+    norm: str,
+    gain: float,
+    norm_eps: float,
+    chunk: int = CHUNK_SIZES[-1],
+) -> Any:
+    """``reference_norm`` by the linear form (``linear_product``), the production algorithm: where
+    phi(Q)(phi(K)^T V) cancels, its state rounds each term among the others, which the normalisation then
+    scales up (bfloat16, d_v = 2: the builtin erred 11 times the quadratic definition on a row;
+    proofs/low-precision-rule.md)."""
+    phi = elementwise(feature)
+    return _output_norm(ar, linear_product(ar, phi(ar, q), phi(ar, k), v, causal, chunk), norm, gain, norm_eps)
+
+
 def jacobian_norm(var: Any, q: Any, k: Any, v: Any, *, causal: bool, params: Any, extras: Any) -> dict[str, float]:
     """||dO/dV||_2 <= g max_i sqrt(d_v) / r_i ||A||_2 through the output norm (one (b, h) slice)."""
     from ..bounds import normattention_jacobian_v_bound
@@ -130,15 +157,14 @@ def reference_diag_subtracted(ar: Any, q: Any, k: Any, v: Any, *, causal: bool, 
 def linear_form_diag_subtracted(
     ar: Any, q: Any, k: Any, v: Any, *, causal: bool, feature: str, tau: float, chunk: int = CHUNK_SIZES[-1]
 ) -> Any:
-    """The same output by the linear form, the production algorithm: tau (phi(Q) (phi(K)^T V) - diag(A) V), causal
-    by chunks of ``chunk`` tokens (``common.chunked_gated_recurrence``). Equal to ``reference_diag_subtracted``
-    in exact arithmetic; its state holds each key's term summed with the others, so the diagonal cancels against
-    another rounding than the quadratic form's (float16: the builtin erred 10 times the quadratic definition
-    on a cancelling row; proofs/low-precision-rule.md)."""
+    """The same output by the linear form, the production algorithm: tau (phi(Q) (phi(K)^T V) - diag(A) V)
+    (``linear_product``). Equal to ``reference_diag_subtracted`` in exact arithmetic; its state holds each key's
+    term summed with the others, so the diagonal cancels against another rounding than the quadratic form's
+    (float16: the builtin erred 10 times the quadratic definition on a cancelling row;
+    proofs/low-precision-rule.md)."""
     phi = elementwise(feature)
     fq, fk = phi(ar, q), phi(ar, k)
-    full = chunked_gated_recurrence(ar, fq, fk, v, None, chunk) if causal else ar.matmul(fq, ar.matmul(ar.mT(fk), v))
-    return (full - ar.sum(fq * fk, axis=-1, keepdims=True) * v) * tau
+    return (linear_product(ar, fq, fk, v, causal, chunk) - ar.sum(fq * fk, axis=-1, keepdims=True) * v) * tau
 
 
 def torch_diag_subtracted(
@@ -163,6 +189,8 @@ VARIANTS = [
         params={"feature": "elu1", "norm": "srmsnorm", "gain": 1.0, "norm_eps": 1e-6},
         forms=LINEAR_FORMS,
         noncausal_only=("parallel",),
+        algorithms_fn=(linear_form_norm,),
+        causal_algorithms_fn=tuple(functools.partial(linear_form_norm, chunk=c) for c in CHUNK_SIZES[:-1]),
         declares=frozenset({"causal", "permutation-equivariant", "v-scale-invariant", "jacobian-v"}),
         reference_fn=reference_norm,
         torch_fn=torch_norm,
