@@ -307,12 +307,13 @@ def amplitude_resolution(
 ) -> np.ndarray | None:
     """For a variant whose denominator is its features' (tag ``feature-denominator``) and whose keys'
     features share rounded steps (``Variant.amplitude_rounding``: phi(k_s) scaled by 1 + delta_s, delta_s
-    independent across keys with root mean square sigma_s u_acc, u_acc = min(u, u_float32); in the causal mode
+    independent across groups of keys with root mean square sigma_s u_acc, u_acc = min(u, u_float32), one delta
+    for the keys of a group (``AmplitudeRounding.groups``: the same computed amplitude); in the causal mode
     also every key s < t scaled alike by 1 + epsilon_t, the rounding of the decay into token t, of root mean
     square tau_t u_acc), the root mean square of the first-order move of
     o_i = sum_{s (<= i)} a_is v_s / (sum_s a_is + eps), a_is = phi(q_i) . phi(k_s) (times the decays from s to i):
 
-        rho_i = u_acc sqrt( sum_{s (<= i)} sigma_s^2 a_is^2 (v_s - o_i)^2
+        rho_i = u_acc sqrt( sum_G sigma_G^2 (sum_{s in G, s (<= i)} a_is (v_s - o_i))^2
                             + [causal] sum_{t <= i} tau_t^2 (sum_{s < t} a_is (v_s - o_i))^2 ) / |sum_s a_is + eps|,
 
     shaped as v, 0 where not finite or the row's terms are out of range (``_FeatureDenominator``)
@@ -328,6 +329,9 @@ def amplitude_resolution(
     sigma2 = np.asarray(model.keys)[..., None, :] ** 2  # (B, H, 1, N): per key
     tau2 = None if model.decays is None else np.asarray(model.decays)[..., None, :, None] ** 2  # (B, H, 1, N, 1)
     log_decay = None if f.g is None else np.cumsum(f.g, axis=-2)  # (B, H, N, 1 or m): G_i - G_s from s to i
+    same = None  # (B, H, N keys, N groups) one-hot: key s in the group labelled g (``AmplitudeRounding.groups``)
+    if model.groups is not None:
+        same = (np.asarray(model.groups)[..., :, None] == np.arange(n)).astype(np.float64)
     rho = np.zeros(np.broadcast_shapes(fq.shape[:-1], v.shape[:-1]) + v.shape[-1:])
     width = 1 if f.g is None else f.g.shape[-1]
     rows = max(1, 2**22 // max(1, rho.size * width))  # rows per block: its (B, H, rows, N, d_v) terms stay below 2^22
@@ -341,7 +345,10 @@ def amplitude_resolution(
             den = np.sum(a, axis=-1) + f.eps
             o = (a @ v) / den[..., None]
             terms = a[..., None] * (v[..., None, :, :] - o[..., :, None, :])  # (B, H, rows, N, d_v)
-            moved = np.sum(sigma2[..., None] * terms**2, axis=-2)
+            if same is None:
+                moved = np.sum(sigma2[..., None] * terms**2, axis=-2)
+            else:  # keys of one group move together: the square of their sum, at the group's sigma
+                moved = np.sum(sigma2[..., None] * np.einsum("...isc,...sg->...igc", terms, same) ** 2, axis=-2)
             if tau2 is not None:  # the decay into t moves sum_{s < t} of the row's terms
                 before = np.cumsum(terms, axis=-2) - terms
                 moved = moved + np.sum(np.where(seen[..., None], tau2 * before**2, 0.0), axis=-2)

@@ -918,6 +918,79 @@ def test_a_row_whose_worst_case_bound_exceeds_it_is_held_to_its_own_scale_too():
     assert check("builtin:lightning", dtype="float16", causal=True, seed=2, properties=["agreement"]).passed
 
 
+def _causal_trig_f32(q, k, v):
+    from gramcheck.featuremaps import random_projection
+
+    t = builtin("performer-trig", dtype="float32")
+    w = random_projection(16, q.shape[-1], seed=0)
+    kw = {**t.params, "projection": w}
+    out = np.asarray(t(q, k, v, causal=True, projection=w), dtype=np.float64)
+
+    def agreement(o):
+        return A.check_agreement("agreement", o, t.variant, q, k, v, causal=True, dtype="float32", **kw)
+
+    ex = AttentionInputs(q, k, v, {"projection": w}, "saved", "float32", {})
+    return t, kw, out, agreement, ex
+
+
+def test_keys_that_compute_one_amplitude_share_its_rounding(monkeypatch):
+    """A review's inputs, causal float32: every key the same vector of norm ~4000 (a repeated token), or sign flips
+    of one integer vector. Each copy computes the same L_s with the same roundings, one factor on all of them that
+    cancels, but the model charged each copy an independent one: row 20 of the repeated token 1% and 2% off
+    passed agreement and ``low-precision`` (float32 determines it to 2e-7), and rows 15 and 19 of the sign flips
+    5% off passed. Keys of equal |k| now share one delta (``AmplitudeRounding.groups``), and squares and partial
+    sums that float32 holds exactly are not charged (integer entries, f = 1/2): those rows fail; the builtin
+    passes. rho is the root mean square move with one delta per group, to 5% over 4000 draws."""
+    n, d = 24, 16
+    rng = np.random.default_rng(0)  # the review's sign flips: integers, so x = k / 2 and t = x^2 / 2 are exact
+    base = np.round(rng.uniform(0.5, 1.0, d) * 200)
+    flipped = (rng.choice([-1.0, 1.0], (n, d)) * base)[None, None]
+    q, v = (round_to(rng.standard_normal((1, 1, n, d)) * s, "float32") for s in (0.5, 1.0))
+    rng = np.random.default_rng(0)
+    repeated = round_to(np.broadcast_to(rng.standard_normal(d) * 1000.0, (1, 1, n, d)).copy(), "float32")
+    q_r, v_r = (round_to(rng.standard_normal((1, 1, n, d)) * s, "float32") for s in (0.5, 1.0))
+    for q, k, v, rows in ((q_r, repeated, v_r, [20]), (q, flipped, v, [15, 19])):
+        t, kw, out, agreement, ex = _causal_trig_f32(q, k, v)
+        assert agreement(out).passed and low_precision(t, ex, causal=True).passed
+        wrong = out.copy()
+        wrong[0, 0, rows] *= 1.01
+        assert not agreement(wrong).passed and not low_precision(_fixed(t, wrong), ex, causal=True).passed
+    # the shared delta, against its definition: the repeated token in two groups, every other copy permuted (the
+    # same log-amplitude, summed in another order)
+    k = repeated.copy()
+    k[0, 0, 1::2] = repeated[0, 0, 0, ::-1]
+    t, kw, out, agreement, ex = _causal_trig_f32(q, k, v)
+    model = t.variant.amplitude_rounding(q, k, causal=True, **kw)
+    assert model.groups is not None and len(np.unique(model.groups)) == 2
+    rho = A.amplitude_resolution(t.variant, q, k, v, causal=True, dtype="float32", **kw)[0, 0]
+    fq, fk, g = (np.asarray(x, dtype=np.float64)[0, 0] for x in t.variant.quotient_features(q, k, causal=True, **kw))
+    log_decay, sigma, tau = np.cumsum(g[:, 0]), model.keys[0, 0], model.decays[0, 0]
+    i = int(np.argmax(np.max(rho, axis=-1) / np.linalg.norm(out[0, 0], axis=-1)))
+    col = int(np.argmax(rho[i]))
+    a = (fq[i] @ fk[: i + 1].T) * np.exp(log_decay[i] - log_decay[: i + 1])
+    o = (a @ v[0, 0, : i + 1, col]) / a.sum()
+    small, u = 1e-4, 2.0**-24
+    group = model.groups[0, 0, : i + 1]
+    shared = rng.uniform(-1, 1, (4000, k.shape[-2])) * np.sqrt(3.0) * u * small
+    delta = shared[:, group] * sigma[: i + 1]
+    eps = rng.uniform(-1, 1, (4000, i + 1)) * np.sqrt(3.0) * tau[: i + 1] * u * small
+    through = np.exp(np.cumsum(np.log1p(eps)[:, ::-1], axis=1)[:, ::-1])
+    w = a * (1 + delta) * np.concatenate([through[:, 1:], np.ones((4000, 1))], axis=1)
+    measured = float(np.sqrt(np.mean(((w @ v[0, 0, : i + 1, col]) / w.sum(-1) - o) ** 2))) / small
+    assert abs(measured / rho[i, col] - 1) < 0.05, (i, col, measured, rho[i, col])
+
+
+def test_unstabilised_features_are_charged_no_shift():
+    """``stabilize=False``: the features are exp(L_s) F / sqrt(m) as they are, with no shift and no decays, so the
+    model charges neither (a review found the running maximum's shift and decays charged there)."""
+    ex, t, kw, _, _ = _log_amplitudes_cancelling()
+    plain = {**kw, "stabilize": False}
+    for causal in (False, True):
+        model = t.variant.amplitude_rounding(ex.q, ex.k, causal=causal, **plain)
+        stabilised = t.variant.amplitude_rounding(ex.q, ex.k, causal=causal, **kw)
+        assert model.decays is None and np.all(model.keys <= stabilised.keys)
+
+
 def test_a_later_key_does_not_move_an_earlier_rows_amplitude_excuse():
     """Two inputs of a review. Causal: with the keys' global maximum as their shift, one key appended after row 270
     (|k| = 126) raised row 201's excuse threefold and rows 201 and 213 1% off passed (0.003; 9.81 without the

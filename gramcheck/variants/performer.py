@@ -105,43 +105,69 @@ def quotient_features(
 def amplitude_rounding(q: Any, k: Any, *, causal: bool, projection: Any, **p: Any) -> AmplitudeRounding | None:
     """Trigonometric features: phi(k_s) = exp(L_s - M_s) [sin, cos](W x_s) / sqrt(m) with the log-amplitude
     L_s = sum_i t_si, t_si = x_si^2 / 2, of the scaled key x_s = f k_s (f = d^-1/4, or sqrt(scale)) and M_s the
-    keys' shift: their maximum, or in the causal mode their running maximum max_{r<=s} L_r. The stored results
-    of L_s - M_s round: each square (t_si), each partial sum p of a pairwise tree over i (as torch's and
-    Triton's reductions sum), the shift's difference (L_s - M_s, unless L_s >= M_s / 2: exact by Sterbenz's
-    lemma) and, unless f is a power of two (then x_s is exact), each scaled entry (2 t_si to first order).
-    Every feature of key s then moves by the same factor exp(delta L_s), and with independent relative errors
-    uniform on [-u, u] (the classical model of rounding errors) delta L_s has root mean square sigma_s u,
+    keys' shift (with ``stabilize``): their maximum, or in the causal mode their running maximum
+    max_{r<=s} L_r. The stored results of L_s - M_s round, each unless float32 holds it exactly: each square
+    (t_si), each partial sum p of a pairwise tree over i (as torch's and Triton's reductions sum), the shift's
+    difference (L_s - M_s, unless L_s >= M_s / 2: exact by Sterbenz's lemma) and, unless f is a power of two
+    (then x_s is exact), each scaled entry (2 t_si to first order). Every feature of key s then moves by the
+    same factor exp(delta L_s), and with independent relative errors uniform on [-u, u] (the classical model
+    of rounding errors) delta L_s has root mean square sigma_s u,
 
-        sigma_s^2 = ((1 + 4 [f inexact]) sum_i t_si^2 + sum_p p^2 + [L_s < M_s / 2] (L_s - M_s)^2) / 3.
+        sigma_s^2 = ((1 + 4 [f inexact]) sum_i [t_si inexact] t_si^2 + sum_p [p inexact] p^2
+                     + [L_s < M_s / 2] (L_s - M_s)^2) / 3.
 
-    A change of M is one factor for all keys, which cancels. In the causal mode the state carries the keys
-    before token t into t's row by the decay exp(g_t), g_t = M_{t-1} - M_t; as a recurrence computes it, g_t
-    (unless M_t <= 2 M_{t-1}) and its exponential round once each, which moves every key s < t alike, with root
-    mean square tau_t u, tau_t^2 = ([M_t > 2 M_{t-1}] g_t^2 + 1) / 3 (0 where g_t = 0: the decay 1 is exact).
-    None for the exponential kinds, which have one log-amplitude per feature and a positive denominator."""
+    Keys with the same |x_s| compute the same L_s with the same roundings: they share one delta (``groups``),
+    whose move of a row is the square of a sum over them, not a sum of squares (a repeated token's copies
+    cancel). A change of M is one factor for all keys, which cancels. In the causal mode the state carries
+    the keys before token t into t's row by the decay exp(g_t), g_t = M_{t-1} - M_t; as a recurrence computes
+    it, g_t (unless M_t <= 2 M_{t-1}) and its exponential round once each, which moves every key s < t alike,
+    with root mean square tau_t u, tau_t^2 = ([M_t > 2 M_{t-1}] g_t^2 + 1) / 3 (0 where g_t = 0: the decay 1 is
+    exact). None for the exponential kinds, which have one log-amplitude per feature and a positive
+    denominator."""
     if p["kind"] != "trig":
         return None
     k = np.asarray(k, dtype=np.float64)
     f = k.shape[-1] ** -0.25 if p["scale"] is None else float(np.sqrt(p["scale"]))
     inexact = 0.0 if np.frexp(f)[0] == 0.5 else 4.0  # x_s = f k_s is exact when f is a power of two
     t = (f * k) ** 2 / 2.0
-    squares = (1.0 + inexact) * np.sum(t**2, axis=-1)
+    squares = np.sum(np.where((inexact > 0) | _rounds(t), (1.0 + inexact) * t**2, 0.0), axis=-1)
     partials, level = 0.0, t
     while level.shape[-1] > 1:  # pairwise: each level sums neighbours, an odd last term carried
         n = level.shape[-1]
         paired = level[..., : n - n % 2 : 2] + level[..., 1 : n - n % 2 : 2]
-        partials = partials + np.sum(paired**2, axis=-1)
+        partials = partials + np.sum(np.where(_rounds(paired), paired**2, 0.0), axis=-1)
         level = np.concatenate([paired, level[..., n - n % 2 :]], axis=-1)
     log_amplitude = level[..., 0]  # L >= 0, so a difference of two within a factor 2 is exact (Sterbenz)
-    if causal:
+    decays = None
+    if not p["stabilize"]:
+        run = np.zeros_like(log_amplitude[..., :1])  # no shift, no decays: the features as they are
+    elif causal:
         run = np.maximum.accumulate(log_amplitude, axis=-1)
         before = np.concatenate([run[..., :1], run[..., :-1]], axis=-1)
         g = np.where(run > 2 * before, before - run, 0.0)
         decays = np.where(run != before, np.sqrt((g**2 + 1.0) / 3.0), 0.0)
     else:
-        run, decays = np.max(log_amplitude, axis=-1, keepdims=True), None
+        run = np.max(log_amplitude, axis=-1, keepdims=True)
     shift = np.where(2 * log_amplitude < run, log_amplitude - run, 0.0)
-    return AmplitudeRounding(np.sqrt((squares + partials + shift**2) / 3.0), decays)
+    return AmplitudeRounding(np.sqrt((squares + partials + shift**2) / 3.0), decays, _same_magnitudes(k))
+
+
+def _rounds(x: np.ndarray) -> np.ndarray:
+    """Where float32 does not hold x (an exact float64 value) exactly."""
+    return np.asarray(x, dtype=np.float32).astype(np.float64) != x
+
+
+def _same_magnitudes(k: np.ndarray) -> np.ndarray | None:
+    """(B, H, N) labels, equal for keys of equal |k| within a (batch, head) slice (the first such key's index);
+    None where every key's is its own."""
+    a = np.abs(k).reshape(-1, *k.shape[-2:])
+    labels = np.empty(a.shape[:2], dtype=np.int64)
+    for b in range(a.shape[0]):
+        _, first, inverse = np.unique(a[b], axis=0, return_index=True, return_inverse=True)
+        labels[b] = first[np.ravel(inverse)]
+    if np.all(labels == np.arange(a.shape[1])):
+        return None
+    return labels.reshape(k.shape[:-1])
 
 
 def torch_forward(

@@ -64,10 +64,12 @@ class AmplitudeRounding:
     """How the roundings of a variant's shared feature steps move its keys, per unit roundoff and to first order
     under independent uniform roundings (proofs/low-precision-rule.md, "The keys' amplitudes"): ``keys``
     (B, H, N), sigma_s, the root mean square of the relative move of phi(k_s) as a whole; ``decays`` (B, H, N) or
-    None, tau_t, that of the move a causal state's decay into token t gives every earlier key alike."""
+    None, tau_t, that of the move a causal state's decay into token t gives every earlier key alike; ``groups``
+    (B, H, N) labels or None, keys whose moves are one and the same (equal labels; None: every key its own)."""
 
     keys: np.ndarray
     decays: np.ndarray | None = None
+    groups: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
