@@ -945,12 +945,12 @@ def test_keys_that_compute_one_amplitude_share_its_rounding(monkeypatch):
     rng = np.random.default_rng(0)  # the review's sign flips: integers, so x = k / 2 and t = x^2 / 2 are exact
     base = np.round(rng.uniform(0.5, 1.0, d) * 200)
     flipped = (rng.choice([-1.0, 1.0], (n, d)) * base)[None, None]
-    q, v = (round_to(rng.standard_normal((1, 1, n, d)) * s, "float32") for s in (0.5, 1.0))
+    q_f, v_f = (round_to(rng.standard_normal((1, 1, n, d)) * s, "float32") for s in (0.5, 1.0))
     rng = np.random.default_rng(0)
     repeated = round_to(np.broadcast_to(rng.standard_normal(d) * 1000.0, (1, 1, n, d)).copy(), "float32")
-    q_r, v_r = (round_to(rng.standard_normal((1, 1, n, d)) * s, "float32") for s in (0.5, 1.0))
-    for q, k, v, rows in ((q_r, repeated, v_r, [20]), (q, flipped, v, [15, 19])):
-        t, kw, out, agreement, ex = _causal_trig_f32(q, k, v)
+    q, v = (round_to(rng.standard_normal((1, 1, n, d)) * s, "float32") for s in (0.5, 1.0))
+    for qs, ks, vs, rows in ((q, repeated, v, [20]), (q_f, flipped, v_f, [15, 19])):
+        t, kw, out, agreement, ex = _causal_trig_f32(qs, ks, vs)
         assert agreement(out).passed and low_precision(t, ex, causal=True).passed
         wrong = out.copy()
         wrong[0, 0, rows] *= 1.01
