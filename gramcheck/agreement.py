@@ -739,14 +739,14 @@ def _judge(
     # 1b. a worst-case bound not below its own row's magnitude cannot tell that row from zero: such rows are
     # also held to the naive forms' error per unit of sensitivity, pooled over every row of their slice
     # (proofs/low-precision-rule.md, "A bound above its own row's magnitude")
+    scales = functools.cache(lambda: row_scales(pbound, mag, u))  # the rows' c, once, for 1b and 3
     beside = wc & ~(bound < row_magnitude(np.where(defined, t.value, 0.0), v))
     if beside.any() and np.isfinite(pbound[beside]).any():
-        scales = row_scales(pbound, mag, u)
         r_beside = -1.0
         for at, b_s in per_slice(beside):
             pool = np.zeros_like(defined)
             pool[at] = defined[at]
-            judge = _rule_by_rows(err, b_s, scales, t, naive, u, excuse, pool)
+            judge = _rule_by_rows(err, b_s, scales(), t, naive, u, excuse, pool)
             r_b, settled = judge(False)
             if r_b > 1.0 and excuse() is not None and (excused := judge(True))[0] < r_b:
                 r_b, settled = excused
@@ -814,7 +814,7 @@ def _judge(
             rule_open = rule_open or (r_s > 1.0 and not e_t_least > b_most)
             if r_s <= 1.0 and not exact_zero:  # where the slice passes, each row in its own scale too
                 # (proofs/low-precision-rule.md, "Each row in its own scale")
-                by_rows = _rule_by_rows(err, lp_s, row_scales(pbound, mag, u), t, naive, u, excuse)
+                by_rows = _rule_by_rows(err, lp_s, scales(), t, naive, u, excuse)
                 r_rows, settled = by_rows(yardstick == "own rounding")
                 if r_rows > 1.0 and yardstick == "naive" and (excused := by_rows(True))[0] < r_rows:
                     (r_rows, settled), yardstick = excused, "own rounding"

@@ -752,6 +752,13 @@ def test_a_trigonometric_row_with_one_key_that_cancels_fails_a_wrong_output():
     assert not agreement(out * 1.03).passed
 
 
+def _wrong_outputs_fail(agreement, t: Target, ex: AttentionInputs, causal: bool, wrongs) -> None:
+    """Each of ``wrongs`` fails ``agreement`` and the ``low-precision`` property."""
+    for wrong in wrongs:
+        assert not agreement(wrong).passed
+        assert not low_precision(_fixed(t, wrong), ex, causal=causal).passed
+
+
 def _log_amplitudes_cancelling():
     ex = _example("performer_trig_f32_log_amplitudes_cancelling", "float32")
     t = builtin("performer-trig", dtype="float32")
@@ -780,9 +787,7 @@ def test_a_cancelling_trigonometric_row_whose_keys_log_amplitudes_round(monkeypa
     assert lp.passed and lp.details["yardstick"] == "own rounding", lp.details
     row = out.copy()
     row[0, 0, 213] *= 1.01
-    for wrong in (row, out * 1.01, 0 * out):
-        assert not agreement(wrong).passed
-        assert not low_precision(_fixed(t, wrong), ex, causal=False).passed
+    _wrong_outputs_fail(agreement, t, ex, False, (row, out * 1.01, 0 * out))
     monkeypatch.setattr(A, "amplitude_resolution", lambda *a, **kw: None)
     assert agreement(out).measured > 2
     assert not low_precision(t, ex, causal=False).passed
@@ -885,9 +890,7 @@ def test_a_causal_cancelling_row_of_two_outlier_keys_passes_and_wrong_rows_fail(
     assert low_precision(t, ex, causal=True).passed
     row = out.copy()
     row[0, 0, 10] *= 1.1
-    for wrong in (row, out * 1.01, 0 * out):
-        assert not agreement(wrong).passed
-        assert not low_precision(_fixed(t, wrong), ex, causal=True).passed
+    _wrong_outputs_fail(agreement, t, ex, True, (row, out * 1.01, 0 * out))
 
     monkeypatch.setattr(A, "amplitude_resolution", lambda *a, **kw: None)
     assert agreement(out).measured > 1.2
@@ -954,7 +957,7 @@ def test_keys_that_compute_one_amplitude_share_its_rounding(monkeypatch):
         assert agreement(out).passed and low_precision(t, ex, causal=True).passed
         wrong = out.copy()
         wrong[0, 0, rows] *= 1.01
-        assert not agreement(wrong).passed and not low_precision(_fixed(t, wrong), ex, causal=True).passed
+        _wrong_outputs_fail(agreement, t, ex, True, (wrong,))
     # the shared delta, against its definition: the repeated token in two groups, every other copy permuted (the
     # same log-amplitude, summed in another order)
     k = repeated.copy()

@@ -80,6 +80,14 @@ def kernel_product(ar: Any, fq: Any, fk: Any, v: Any, causal: bool) -> Any:
     return ar.matmul(kernel_matrix(ar, fq, fk, causal), v)
 
 
+def linear_product(ar: Any, fq: Any, fk: Any, v: Any, causal: bool, chunk: int, alpha: Any = None) -> Any:
+    """phi(Q) (phi(K)^T V) by the linear form, the production algorithm of linear attention: causal by chunks of
+    ``chunk`` tokens with decays ``alpha`` (``chunked_gated_recurrence``), else phi(K)^T V formed once. Equal to
+    ``kernel_product`` in exact arithmetic; its state holds each key's term among the others, so where the
+    output cancels it rounds in another order than the quadratic form."""
+    return chunked_gated_recurrence(ar, fq, fk, v, alpha, chunk) if causal else ar.matmul(fq, ar.matmul(ar.mT(fk), v))
+
+
 def ref_normalised(ar: Any, fq: Any, fk: Any, v: Any, *, causal: bool, eps: float = 0.0) -> Any:
     """o_i = sum_j A_ij v_j / (sum_j A_ij + eps), A = phi(Q) phi(K)^T (masked when causal); in an
     evaluation order, numerator and denominator by one pass over [V, 1], as the forms compute them."""

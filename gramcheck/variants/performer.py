@@ -19,7 +19,7 @@ from ..featuremaps import favor, favor_causal
 from ..forms import CHUNK_SIZES, accumulation_dtype
 from ..inputs import projection as projection_input
 from ..torch_arith import TORCH
-from .common import chunked_gated_recurrence, ref_normalised, ref_normalised_gated, torch_normalised
+from .common import linear_product, ref_normalised, ref_normalised_gated, torch_normalised
 from .linear import LINEAR_FORMS
 from .spec import AmplitudeRounding, Variant
 
@@ -80,7 +80,7 @@ def linear_form(
         fq, fk = _features(ar, q, k, projection, p)
     dv = v.shape[-1]
     va = ar.concat([v, ar.asarray(np.ones(v.shape[:-1] + (1,)))], axis=-1)
-    out = chunked_gated_recurrence(ar, fq, fk, va, alpha, chunk) if causal else ar.matmul(fq, ar.matmul(ar.mT(fk), va))
+    out = linear_product(ar, fq, fk, va, causal, chunk, alpha)
     return ar.div(out[..., :dv], out[..., dv:] + eps)
 
 

@@ -24,7 +24,7 @@ from ..forms import CHUNK_SIZES, linear_recurrence
 from ..hyperparams import scale_value
 from ..torch_arith import TORCH
 from ..validation import check_positive_int
-from .common import causal_keep, chunked_gated_recurrence, kernel_product, masked_softmax, rms_normalise
+from .common import causal_keep, kernel_product, linear_product, masked_softmax, rms_normalise
 from .linear import LINEAR_FORMS, features
 from .softmax import ROW_STOCHASTIC
 from .softmax import jacobian as softmax_jacobian
@@ -70,12 +70,6 @@ def torch_norm(
     return _output_norm(TORCH, u, norm, gain, norm_eps).to(fq.dtype)
 
 
-def linear_product(ar: Any, fq: Any, fk: Any, v: Any, causal: bool, chunk: int) -> Any:
-    """phi(Q) (phi(K)^T V) by the linear form, causal by chunks of ``chunk`` tokens
-    (``common.chunked_gated_recurrence``): ``kernel_product`` in the production algorithm's order."""
-    return chunked_gated_recurrence(ar, fq, fk, v, None, chunk) if causal else ar.matmul(fq, ar.matmul(ar.mT(fk), v))
-
-
 def linear_form_norm(
     ar: Any,
     q: Any,
@@ -89,7 +83,7 @@ def linear_form_norm(
     norm_eps: float,
     chunk: int = CHUNK_SIZES[-1],
 ) -> Any:
-    """``reference_norm`` by the linear form (``linear_product``), the production algorithm: where
+    """``reference_norm`` by the linear form (``common.linear_product``), the production algorithm: where
     phi(Q)(phi(K)^T V) cancels, its state rounds each term among the others, which the normalisation then
     scales up (bfloat16, d_v = 2: the builtin erred 11 times the quadratic definition on a row;
     proofs/low-precision-rule.md)."""
@@ -158,7 +152,7 @@ def linear_form_diag_subtracted(
     ar: Any, q: Any, k: Any, v: Any, *, causal: bool, feature: str, tau: float, chunk: int = CHUNK_SIZES[-1]
 ) -> Any:
     """The same output by the linear form, the production algorithm: tau (phi(Q) (phi(K)^T V) - diag(A) V)
-    (``linear_product``). Equal to ``reference_diag_subtracted`` in exact arithmetic; its state holds each key's
+    (``common.linear_product``). Equal to ``reference_diag_subtracted`` in exact arithmetic; its state holds each key's
     term summed with the others, so the diagonal cancels against another rounding than the quadratic form's
     (float16: the builtin erred 10 times the quadratic definition on a cancelling row;
     proofs/low-precision-rule.md)."""
