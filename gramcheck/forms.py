@@ -201,19 +201,18 @@ def chunked(q: Any, k: Any, v: Any, g: Any = None, *, causal: bool, chunk_size: 
 def _parallel(q: Any, k: Any, v: Any, g: Any, causal: bool, s0: Any, want_state: bool, od: Any) -> tuple[Any, Any]:
     acc = accumulation_dtype(q)
     if not causal:
-        if s0 is None and not want_state and od == q.dtype:
-            return q @ (k.transpose(-1, -2) @ v), None
         state = k.to(acc).transpose(-1, -2) @ v.to(acc)
         state = state if s0 is None else s0 + state
         return (q.to(acc) @ state).to(od), state
     if g is None:
         raise ValueError("form: 'parallel' is non-causal for ungated linear attention; use 'chunked' or 'recurrent'")
     b = g.to(_gate_dtype(g)).cumsum(-2)
-    out = _decayed_scores(q, k, b, b, _causal_mask(q.shape[-2], q.device)) @ v
+    # scores and their products in the accumulation dtype, as a kernel's dot products accumulate: a float16
+    # score past 65504 overflows where the output, or its sum with the state's term, need not
+    out = _decayed_scores(q.to(acc), k.to(acc), b, b, _causal_mask(q.shape[-2], q.device)) @ v.to(acc)
     if s0 is None and not want_state:
         return out.to(od), None
     last = b[..., -1:, :]
-    out = out.to(acc)
     if s0 is not None:
         out = out + (q.to(acc) * b.exp().to(acc)) @ s0
     state = (k.to(acc) * (last - b).exp().to(acc)).transpose(-1, -2) @ v.to(acc)

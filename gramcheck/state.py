@@ -86,8 +86,11 @@ def torch_with_state(
     b: Any,
     initial_state: Any,
     output_final_state: bool,
+    dtype: Any = None,
 ) -> Any:
-    """Apply the state-passing identities to the output ``out`` of a form started from zero.
+    """Apply the state-passing identities to the output ``out`` of a form started from zero, and store it in
+    ``dtype`` (default: its own). A caller in float16 or bfloat16 passes ``out`` in the accumulation dtype, so
+    that the output is rounded once, after S_0's term is added: each part may overflow where their sum does not.
 
     q is the query as the recurrence reads it (scale applied), k, v the keys and values entering the
     state, b_in (B, H, N, c) the cumulative log-decay that S_0 has undergone when token t reads it, b
@@ -97,10 +100,11 @@ def torch_with_state(
     from .torch_arith import TORCH as _T
 
     acc = accumulation_dtype(q)
+    store = out.dtype if dtype is None else dtype
     if initial_state is not None:
         s0 = initial_state.to(acc)
-        corr = initial_readout(_T, q.to(acc), b_in.exp().to(acc), s0)
-        out = (out.to(acc) + corr).to(out.dtype)
+        out = out.to(acc) + initial_readout(_T, q.to(acc), b_in.exp().to(acc), s0)
+    out = out.to(store)
     if not output_final_state:
         return out
     last = b[..., -1:, :]

@@ -209,6 +209,23 @@ def gla_initial_state_undecayed(q, k, v, *, causal, g, initial_state=None, outpu
     return res[0], res[1] + (lost[..., None] * initial_state.double()).to(res[1].dtype)
 
 
+def gla_final_state_three_percent_off(q, k, v, *, causal, g, initial_state=None, output_final_state=False):
+    """GLA whose returned final state is 3% off (outputs right)."""
+    res = _gla_with_state(q, k, v, g, initial_state, output_final_state)
+    return (res[0], res[1] * 1.03) if output_final_state else res
+
+
+def gla_initial_state_three_percent_off(q, k, v, *, causal, g, initial_state=None, output_final_state=False):
+    """GLA whose outputs carry the initial state's contribution 3% off (final state right)."""
+    res = _gla_with_state(q, k, v, g, initial_state, output_final_state)
+    if initial_state is None:
+        return res
+    zero = _gla_with_state(q, k, v, g, None, output_final_state)
+    out, zero = (r[0] if output_final_state else r for r in (res, zero))
+    out = out + (0.03 * (out.double() - zero.double())).to(out.dtype)
+    return (out, res[1]) if output_final_state else out
+
+
 def _with_backward(forward, corrupt):
     """forward(*inputs) with its exact autograd backward, then ``corrupt(grads, inputs)`` applied: a custom
     autograd.Function whose forward is correct and whose backward is written separately (as kernels are)."""

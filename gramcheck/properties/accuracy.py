@@ -13,6 +13,7 @@ from ..agreement import (
     LOW_PRECISION_K,
     Yardsticks,
     check_agreement,
+    judged_in_range,
     naive_yardsticks,
     output_distance,
     own_rounding,
@@ -58,12 +59,13 @@ def agreement(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding |
 @guarded("low-precision")
 def low_precision(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding | None:
     """max|T - truth| <= k max|naive - truth| + 4 u max(|truth|, |v|) with k = 2, the naive reference being the
-    definition computed in the same dtype, or the variant's other standard algorithm there where that
-    errs more (``agreement.naive_yardsticks``; proofs/low-precision-rule.md), over the entries that are not
-    rounding noise (``agreement.rounding_noise``, as agreement judges them; a non-finite output there is
-    still judged). In a slice that fails, each entry's error is first excused up to its own rounding
-    (``agreement.own_rounding``), as agreement does. Where the naive definition itself is not finite the
-    rule gives no bound and the Finding says so (agreement still applies)."""
+    definition computed in the same dtype, or the variant's other standard algorithm there where that errs more
+    (``agreement.naive_yardsticks``; proofs/low-precision-rule.md), over the entries that are not rounding
+    noise (``agreement.rounding_noise``, as agreement judges them; a non-finite output there is still judged)
+    and that a standard algorithm computes in the dtype's range (``agreement.judged_in_range``). In a slice
+    that fails, each entry's error is first excused up to its own rounding (``agreement.own_rounding``), as
+    agreement does. Where the naive definition itself is not finite the rule gives no bound and the Finding
+    says so (agreement still applies)."""
     var = target.variant
     kw = {**target.params, **ex.extras}
     t = truth(var, ex.q, ex.k, ex.v, causal=causal, digits=6, **kw)
@@ -80,10 +82,12 @@ def low_precision(target: Target, ex: AttentionInputs, *, causal: bool) -> Findi
     noisy = defined & np.isfinite(out) & rounding_noise(var, ex.q, ex.k, ex.v, causal=causal, magnitude=magnitude, **kw)
     if noisy.any():
         noisy &= ~quiet_rows(var, kw, forms.forward, t.value, magnitude)
-    judged = defined & ~noisy & ~(unresolved & ~np.isnan(out))
-    if not judged.any():
-        return None  # every entry is rounding noise: this input judges nothing
     u = unit_roundoff(target.dtype)
+    # only where the naive forms compute in range: a yardstick that overflowed errs the whole row, and would
+    # pass anything (agreement's bounds judge the rest)
+    judged = judged_in_range(forms.forward, t.value, defined & ~noisy & ~(unresolved & ~np.isnan(out)), u)
+    if not judged.any():
+        return None  # every entry is rounding noise or out of the rule's range: this input judges nothing
     dist = output_distance(out, t.value, target.dtype)
 
     @functools.cache

@@ -91,13 +91,13 @@ def packing(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding | N
         out_a = np.concatenate([a[0] for a in alone], axis=2)
         st_a = np.concatenate([a[1] for a in alone], axis=0)
         parts = {
-            "out": (_diff(packed[0], out_a), 2 * np.concatenate([b[0] for b in bounds], axis=2)),
-            "final_state": (_diff(packed[1], st_a), 2 * np.concatenate([b[1] for b in bounds], axis=0)),
+            "out": (_diff(packed[0], out_a, target.dtype), 2 * np.concatenate([b[0] for b in bounds], axis=2)),
+            "final_state": (_diff(packed[1], st_a, target.dtype), 2 * np.concatenate([b[1] for b in bounds], axis=0)),
         }
     else:
         out_a = np.concatenate(alone, axis=2)
         b = np.concatenate([bound_of(target, s, causal=causal) for s in segs], axis=2)
-        parts = {"out": (_diff(packed, out_a), 2 * b)}
+        parts = {"out": (_diff(packed, out_a, target.dtype), 2 * b)}
     if target.dtype != "float64" and smooth_definition(target.variant, causal, dict(target.params)):
         parts.update(_gradient_parts(target, ex, segs, cu, s0s, causal=causal))
     return parts_finding(

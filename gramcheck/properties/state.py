@@ -26,13 +26,15 @@ from ..agreement import (
     LOW_PRECISION_K,
     REASSOCIATION_FACTOR,
     Yardsticks,
+    loose_threshold,
+    output_distance,
     per_slice,
     slice_magnitude,
 )
 from ..arith import BALL_F64, F64, BallMP, RoundedArith, rounding_model
 from ..findings import Finding, error_ratios
 from ..forms import CHUNK_SIZES
-from ..precision import round_to, unit_roundoff
+from ..precision import overflow_threshold, round_to, unit_roundoff
 from ..strategies import AttentionInputs
 from ..targets import Target
 from .base import arrays_of, guarded
@@ -51,9 +53,11 @@ def _not_declared(name: str, target: Target) -> Finding:
 
 def initial_state_of(target: Target, ex: AttentionInputs, salt: str = "state") -> np.ndarray:
     """A nonzero S_0 (B, H, d_k, d_v) drawn from the example, of the size of the state the inputs build
-    (max|k| max|v| per entry), rounded to the target's dtype."""
+    (max|k| max|v| per entry, at most a sixteenth of the dtype's overflow threshold, so that S_0 is finite in
+    it), rounded to the target's dtype."""
     B, H, N, dk = ex.q.shape
     scale = max(float(np.max(np.abs(ex.k))) * float(np.max(np.abs(ex.v))), 1.0)
+    scale = min(scale, overflow_threshold(ex.dtype) / 16)
     s0 = _rng(ex, salt).standard_normal((B, H, dk, ex.v.shape[-1])) * scale
     return round_to(s0, ex.dtype)
 
@@ -218,11 +222,17 @@ def state_agreement(target: Target, ex: AttentionInputs, *, causal: bool) -> Fin
     b_out, b_st = state_bound(target, ex, s0)
     vac = vacuous(target, ex, s0, (b_out, b_st))
     truths, rads = state_truth(target, ex, s0, vac.truth_request((b_out, b_st)))
-    errors = tuple(np.abs(x - t) + r for x, t, r in zip((out, st), truths, rads, strict=True))
-    parts: dict[str, Any] = {
-        "out": (errors[0], np.where(vac.unbounded[0], np.inf, b_out)),
-        "final_state": (errors[1], np.where(vac.unbounded[1], np.inf, b_st)),
-    }
+    # an infinite output is measured from the nearest value that rounds to it, as agreement does (an exact value
+    # past the dtype's range is returned as inf by every correct form)
+    dists = tuple(output_distance(x, t, target.dtype) for x, t in zip((out, st), truths, strict=True))
+    errors = tuple(d + r for d, r in zip(dists, rads, strict=True))
+    # the entries the bound does not judge are still held to it where it is finite (no correct algorithm leaves
+    # its worst-case bound, as agreement holds its noise), at the truth's most favourable value (the truth may be
+    # known only coarsely there)
+    held = tuple(
+        np.where(m, np.maximum(d - r, 0.0), e) for m, d, r, e in zip(vac.unbounded, dists, rads, errors, strict=True)
+    )
+    parts: dict[str, Any] = {"out": (held[0], b_out), "final_state": (held[1], b_st)}
     rule_parts, rule = vac.rule_parts(target, ex, s0, truths, rads, errors, 1.0)
     parts.update(rule_parts)
     return parts_finding(
@@ -238,17 +248,21 @@ def state_agreement(target: Target, ex: AttentionInputs, *, causal: bool) -> Fin
 @dataclass(frozen=True)
 class Vacuous:
     """Where the rounding bounds of (out, S_N) say nothing: not below half the magnitude of their
-    (batch, head) slice, as agreement decides (``agreement.slice_magnitude``)."""
+    (batch, head) slice, as agreement decides (``agreement.slice_magnitude``); and ``loose``, where they are
+    below it but not below ``agreement.loose_threshold`` (a state's row is a key coordinate's d_v entries), which
+    the bound judges and the rule in norm judges too."""
 
     out: np.ndarray
     state: np.ndarray
     sizes: tuple[np.ndarray, np.ndarray]
     u: float
     noise: tuple[np.ndarray, np.ndarray]
+    loose: tuple[np.ndarray, np.ndarray]
 
     @property
     def any(self) -> bool:
-        return bool(self.out.any() or self.state.any())
+        """Whether the rule in norm has entries to judge."""
+        return bool(self.out.any() or self.state.any() or self.loose[0].any() or self.loose[1].any())
 
     @property
     def unbounded(self) -> tuple[np.ndarray, np.ndarray]:
@@ -263,7 +277,7 @@ class Vacuous:
         """The vacuous entries the rule in norm can judge: the truth known to u |slice| / 100 there (the
         float64 truth; the delta rule's float64 balls wrap at moderate N, and mpmath balls there cost
         minutes: such entries are counted as unjudged instead)."""
-        masks = (self.out, self.state)
+        masks = (self.out | self.loose[0], self.state | self.loose[1])
         return tuple(  # type: ignore[return-value]
             m & (r <= self.u * size / 100) for m, r, size in zip(masks, rads, self.sizes, strict=True)
         )
@@ -279,12 +293,20 @@ class Vacuous:
         factor: float,
     ) -> tuple[dict[str, NormPart], tuple[np.ndarray, np.ndarray]]:
         """The parts of (out, S_N) the rule in norm judges, one per (batch, head) slice: ``errors``
-        against ``factor`` times the rule's bound (``rule_in_norm``), and the entries it judges."""
+        against ``factor`` times the rule's bound (``rule_in_norm``), and the entries it judges: those of
+        ``judgeable`` where the definition evaluated in the dtype is finite (the others have no yardstick, as
+        agreement's ``judged_in_range``: counted as unjudged, a NaN there still fails) and the exact value is
+        within the dtype's range (an infinite output there is measured by ``agreement.output_distance``)."""
         rule = self.judgeable((rads[0], rads[1]))
         parts: dict[str, NormPart] = {}
         if not any(m.any() for m in rule):
             return parts, rule
         names = ("out", "final_state")
+        orders = Yardsticks(lambda reverse: naive_with_state(target, ex, s0, reverse=reverse))
+        past = overflow_threshold(target.dtype)
+        rule = tuple(  # type: ignore[assignment]
+            m & np.isfinite(d) & ~(np.abs(t) >= past) for m, d, t in zip(rule, orders.forward[0], truths, strict=True)
+        )
 
         def judged_by(runs: list[tuple[np.ndarray, np.ndarray]]) -> dict[str, NormPart]:
             parts = {}
@@ -294,16 +316,19 @@ class Vacuous:
                     parts[f"{name}[{','.join(map(str, idx))}]"] = NormPart(err[idx][j], factor * bound)
             return parts
 
-        orders = Yardsticks(lambda reverse: naive_with_state(target, ex, s0, reverse=reverse))
         parts = judged_by(orders.forward)
         if any(not p.error <= p.bound for p in parts.values()):
             parts = judged_by(orders.both)
         return parts, rule
 
-    def counts(self, rule: tuple[np.ndarray, np.ndarray]) -> dict[str, dict[str, int]]:
+    def counts(self, rule: tuple[np.ndarray, np.ndarray]) -> dict[str, Any]:
+        """The Finding's counts; ``unjudged`` names the parts with unjudged entries (a check's note says so)."""
         names = ("out", "final_state")
+        unjudged = [n for n, m, j in zip(names, (self.out, self.state), rule, strict=True) if (m & ~j).any()]
         return {
+            **({"unjudged": unjudged} if unjudged else {}),
             "vacuous_entries": {n: int(m.sum()) for n, m in zip(names, (self.out, self.state), strict=True)},
+            "loose_entries": {n: int(m.sum()) for n, m in zip(names, self.loose, strict=True)},
             "noise_entries": {n: int(m.sum()) for n, m in zip(names, self.noise, strict=True)},
             "unjudged_entries": {
                 n: int((m & ~j).sum()) for n, m, j in zip(names, (self.out, self.state), rule, strict=True)
@@ -316,12 +341,19 @@ def vacuous(target: Target, ex: AttentionInputs, s0: np.ndarray | None, bounds: 
         a_out, a_st = (np.asarray(x, dtype=np.float64) for x in _reference(target, ex, F64, initial_state=s0))
     sizes = slice_magnitude(a_out, ex.v), slice_magnitude(a_st, 0.0)
     masks = [~(b < 0.5 * size) for b, size in zip(bounds, sizes, strict=True)]
+    rows = loose_threshold(a_out, ex.v, target.dtype), loose_threshold(a_st, 0.0, target.dtype)
+    loose = [~m & ~(b < r) for m, b, r in zip(masks, bounds, rows, strict=True)]
     # rounding noise, as agreement's gate: where even float32's bound says nothing (a result cancelling
-    # below float32's rounding), no kernel's error is more than noise; counted, not judged
+    # below float32's rounding), no kernel's error is more than noise; counted, not judged. Not where the
+    # transitions contract (the delta rule's): there the model's radii wrap, and a large one is no evidence of
+    # cancellation (``agreement.noise_bound``; a gated-deltanet final state doubled passed as noise)
     u = unit_roundoff(target.dtype)
-    b32 = bounds if u <= unit_roundoff("float32") else state_bound(target, ex, s0, "float32")
-    noise = [m & ~(b < 0.5 * size) for m, b, size in zip(masks, b32, sizes, strict=True)]
-    return Vacuous(masks[0] & ~noise[0], masks[1] & ~noise[1], sizes, u, (noise[0], noise[1]))
+    if "contracting-transitions" in target.variant.tags(target.params):
+        noise = [np.zeros_like(m) for m in masks]
+    else:
+        b32 = bounds if u <= unit_roundoff("float32") else state_bound(target, ex, s0, "float32")
+        noise = [m & ~(b < 0.5 * size) for m, b, size in zip(masks, b32, sizes, strict=True)]
+    return Vacuous(masks[0] & ~noise[0], masks[1] & ~noise[1], sizes, u, (noise[0], noise[1]), (loose[0], loose[1]))
 
 
 def naive_with_state(
@@ -346,7 +378,7 @@ def rule_in_norm(
     low-precision rule in norm (proofs/low-precision-rule.md), ||T - truth||_J <= 2 ||naive - truth||_J +
     2 u ||truth||_J, the naive error the largest over the definition and the other algorithms that are
     finite there, net of the truth's radius (the caller adds the radius to the error). A definition that
-    is not finite there gives no yardstick: bound 0, never an unjudged pass."""
+    is not finite there gives no yardstick: bound 0 (``Vacuous.rule_parts`` leaves such entries out)."""
     out = []
     for idx, mask in per_slice(judged):
         j = mask[idx]
@@ -359,11 +391,17 @@ def rule_in_norm(
     return out
 
 
-def _diff(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """|a - b|: 0 where equal (infinities included) or both NaN, inf where only one is NaN."""
+def _diff(a: np.ndarray, b: np.ndarray, dtype: Any = None) -> np.ndarray:
+    """|a - b|: 0 where equal (infinities included) or both NaN, inf where only one is NaN. With the outputs'
+    ``dtype``, an infinity against a finite value is read as the nearest value that rounds to it
+    (``agreement.output_distance``): two runs of a correct form may round an exact value near the overflow
+    threshold to 65504 and to inf."""
     same = (a == b) | (np.isnan(a) & np.isnan(b))
     with np.errstate(invalid="ignore"):
         diff = np.abs(a - b)
+        if dtype is not None:
+            diff = np.where(np.isinf(a) & np.isfinite(b), output_distance(a, b, dtype), diff)
+            diff = np.where(np.isinf(b) & np.isfinite(a), output_distance(b, a, dtype), diff)
     return np.where(same, 0.0, np.where(np.isnan(diff), np.inf, diff))
 
 
@@ -397,6 +435,8 @@ def state_split(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding
         first.q, first.k, first.v, causal=True, initial_state=s0, output_final_state=True, **first.extras
     )
     carried = round_to(s1, target.dtype)  # passed in the target's dtype
+    if not np.all(np.isfinite(carried)) and np.all(np.isfinite(s1)):
+        return None  # the state leaves the dtype's range: it cannot be passed in it, no example of the property
     o2, s2 = target.run(
         second.q, second.k, second.v, causal=True, initial_state=carried, output_final_state=True, **second.extras
     )
@@ -409,11 +449,8 @@ def state_split(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding
     bound_st = b_st + b2_st + p_st
     # where a bound says nothing, both runs are held to the rule in norm: their difference to twice it
     vac = vacuous(target, ex, s0, (bound_out, bound_st))
-    diffs = np.abs(split_out - out), np.abs(s2 - st)
-    parts: dict[str, Any] = {
-        "out": (diffs[0], np.where(vac.unbounded[0], np.inf, bound_out)),
-        "final_state": (diffs[1], np.where(vac.unbounded[1], np.inf, bound_st)),
-    }
+    diffs = _diff(split_out, out, target.dtype), _diff(s2, st, target.dtype)
+    parts: dict[str, Any] = {"out": (diffs[0], bound_out), "final_state": (diffs[1], bound_st)}  # all held to them
     rule: tuple[np.ndarray, np.ndarray] = (np.zeros_like(vac.out), np.zeros_like(vac.state))
     if vac.any:
         truths, rads = state_truth(target, ex, s0, vac.truth_request((bound_out, bound_st)))
@@ -447,7 +484,10 @@ def zero_initial_state(target: Target, ex: AttentionInputs, *, causal: bool) -> 
     return parts_finding(
         "zero-initial-state",
         ex,
-        {"out": (_diff(a_out, z_out), 2 * b_out), "final_state": (_diff(a_st, z_st), 2 * b_st)},
+        {  # NaN in both runs is no agreement: the definition's state-passing results are finite
+            "out": (np.where(np.isnan(a_out), np.inf, _diff(a_out, z_out, target.dtype)), 2 * b_out),
+            "final_state": (np.where(np.isnan(a_st), np.inf, _diff(a_st, z_st, target.dtype)), 2 * b_st),
+        },
         token_axis={"out": 2},
         bit_identical=same,
     )

@@ -88,11 +88,12 @@ def torch_forward(
     lg = torch.as_tensor(log_decays(H, layer_idx, num_layers), dtype=torch_gate_dtype(q), device=q.device)
     g = lg.reshape(1, H, 1, 1).expand(B, H, N, 1)
     qs = q * scale_value(TORCH, scale, dk)
-    out = linear_recurrence(qs, k, v, g, causal=True, form=form, chunk_size=chunk_size)
+    # held in the float32 accumulators until the state's term is added, and stored once
+    out = linear_recurrence(qs, k, v, g, causal=True, form=form, chunk_size=chunk_size, wide_output=True)
     if initial_state is None and not output_final_state:
-        return out
+        return out.to(q.dtype)
     b = g.cumsum(-2)
-    return torch_with_state(out, qs, k, v, b, b, initial_state, output_final_state)
+    return torch_with_state(out, qs, k, v, b, b, initial_state, output_final_state, q.dtype)
 
 
 VARIANTS = [

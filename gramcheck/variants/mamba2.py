@@ -103,14 +103,15 @@ def torch_forward(
     B, H, N, dk = q.shape
     _check_g(g, B, H, N)
     qs = q * scale
-    out = linear_recurrence(qs, k, v, g[..., None], causal=True, form=form, chunk_size=chunk_size)
+    # held in the float32 accumulators until the state's term is added, and stored once
+    out = linear_recurrence(qs, k, v, g[..., None], causal=True, form=form, chunk_size=chunk_size, wide_output=True)
     skip = head_skip(H, D)
     if np.any(skip != 0):
-        out = out + torch.as_tensor(skip, dtype=q.dtype, device=q.device).reshape(1, H, 1, 1) * v
+        out = out + torch.as_tensor(skip, dtype=out.dtype, device=q.device).reshape(1, H, 1, 1) * v.to(out.dtype)
     if initial_state is None and not output_final_state:
-        return out
+        return out.to(q.dtype)
     b = g[..., None].to(torch_gate_dtype(g)).cumsum(-2)
-    return torch_with_state(out, qs, k, v, b, b, initial_state, output_final_state)
+    return torch_with_state(out, qs, k, v, b, b, initial_state, output_final_state, q.dtype)
 
 
 VARIANTS = [

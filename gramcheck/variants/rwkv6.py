@@ -123,12 +123,12 @@ def torch_forward(
     )
     acc = out.dtype
     current = (r.to(acc) * u.to(acc)[None, :, None, :] * k.to(acc)).sum(-1, keepdim=True) * v.to(acc)
-    out = (out + current).to(q.dtype)
+    out = out + current  # stored once, after the state's term is added
     if initial_state is None and not output_final_state:
-        return out
+        return out.to(q.dtype)
     gd = torch_gate_dtype(g)
     return torch_with_state(
-        out, r, k, v, g_prev.to(gd).cumsum(-2), g.to(gd).cumsum(-2), initial_state, output_final_state
+        out, r, k, v, g_prev.to(gd).cumsum(-2), g.to(gd).cumsum(-2), initial_state, output_final_state, q.dtype
     )
 
 
