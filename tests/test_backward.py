@@ -3,6 +3,8 @@ definition's; backwards that drop the scale on dv or a decay factor on dk fail w
 agreement; the definition evaluated in the target's own dtype (the rule's naive reference) measures at
 about 1/2 (the rule is nearly tight for it)."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -225,3 +227,21 @@ def test_a_stabiliser_that_does_not_cancel_is_judged_in_either_gradient_conventi
     held = definition_gradients(t, arrays, names, w, None, causal=True, dtype="float64")
     f = _judge_gradients(t, ex, arrays, names, w, None, held, causal=True)
     assert f is not None and not f.passed, f
+
+
+def test_a_gradient_past_the_dtypes_range_is_no_failure(monkeypatch):
+    """gla, float16, anti-aligned keys up to 103, N = 12, d = 16 (the default float16 check at seed 0): dg's exact
+    value reaches 2.8e5, past 65520, and the builtin's backward returns inf there, as every correct one does. The
+    property measured |inf - G*| and failed at inf (the naive gradient's inf made its yardstick inf too). An
+    infinite gradient is now measured from the nearest value that rounds to it, and such entries are left out of
+    the yardstick: the builtin passes; measured as before, it fails."""
+    import gramcheck.properties.backward as B
+    from gramcheck.strategies import AttentionInputs
+
+    a = dict(np.load(Path(__file__).parent / "data" / "gla_f16_dg_past_range.npz"))
+    ex = AttentionInputs(a.pop("q"), a.pop("k"), a.pop("v"), a, "anti-aligned", "float16", {})
+    t = builtin("gla", dtype="float16")
+    assert backward_agreement(t, ex, causal=True).passed
+    monkeypatch.setattr(B, "output_distance", lambda got, ref, dtype: np.abs(got - ref))
+    monkeypatch.setattr(B, "overflow_threshold", lambda dtype: np.inf)
+    assert not backward_agreement(t, ex, causal=True).passed

@@ -267,3 +267,23 @@ def test_iid_passed_off_as_orthogonal_is_detected():
 def test_domain_object_and_examples_count():
     r = check("builtin:softmax", properties=["agreement"], domain=Domain(max_n=4, max_d=2, examples=3))
     assert r.findings[0].details["examples"] == 3 and r.domain["max_n"] == 4
+
+
+def test_qk_scale_invariance_never_scales_a_row_past_the_dtypes_range():
+    """A heavy-tailed float16 query row of 2e4 times the property's scale 4 was inf, and the target rightly refused
+    it (the default float16 check of builtin:gated-deltanet failed qk-scale-invariance at inf). Such a row is scaled
+    by the reciprocal instead: the builtin passes, and every scaled input stays finite."""
+    import gramcheck.properties.invariants as I
+    from gramcheck.inputs import draw_extras
+    from gramcheck.strategies import AttentionInputs
+    from gramcheck.targets import builtin
+    from gramcheck.variants import get
+
+    assert np.all(np.isfinite(I._rows_scaled(np.full((1, 1, 1, 9), 2.0e4), np.full((1, 1, 1, 1), 4.0), "float16")))
+    dims = {"B": 1, "H": 1, "N": 1, "dk": 9, "dv": 9}
+    extras = draw_extras(get("gated-deltanet").inputs, dims, dtype="float16", seed=0)
+    t = builtin("gated-deltanet", dtype="float16")
+    for j in range(8):  # the property's scales come from the example's bytes: eight examples, eight draws
+        x = np.full((1, 1, 1, 9), 2.0e4 + 16 * j)
+        ex = AttentionInputs(x, x / 1e4, x / 1e4, extras, "heavy-tail", "float16", {})
+        assert I.qk_scale_invariance(t, ex, causal=True).passed

@@ -201,3 +201,25 @@ def test_a_nan_in_both_runs_fails_zero_initial_state():
     assert zero_initial_state(t, ex, causal=True).passed
     w = Target(_nan_state_from_zero, t.variant, dtype="bfloat16", params=dict(t.params), name="nan")
     assert not zero_initial_state(w, ex, causal=True).passed
+
+
+def test_a_state_past_the_dtypes_range_is_read_as_the_threshold_by_state_bound():
+    """gla, float16, one token with k = v = 1000 (the default float16 check's outliers): the state k v^T = 1e6 is
+    past 65520, and the builtin's readout o = s S returns inf, as every correct form does. state-bound took |inf|
+    against the bound 2.8e8 and failed at inf. An infinite readout now stands for the least value it may mean,
+    the overflow threshold over s: the builtin passes; a readout of inf on ordinary inputs still fails."""
+    from gramcheck.properties.conditioning import state_bound
+
+    one = np.full((1, 1, 1, 1), 1000.0)
+    g = np.full((1, 1, 1, 1), -0.0036)
+    t = builtin("gla", dtype="float16")
+    assert state_bound(t, AttentionInputs(one, one, one, {"g": g}, "outliers", "float16", {}), causal=True).passed
+
+    def inf_everywhere(q, k, v, *, causal, g, **kw):
+        import torch
+
+        return torch.full_like(v, float("inf"))
+
+    w = Target(inf_everywhere, t.variant, dtype="float16", params=dict(t.params), name="inf")
+    small = AttentionInputs(one / 1000, one / 1000, one / 1000, {"g": g}, "gaussian", "float16", {})
+    assert not state_bound(w, small, causal=True).passed

@@ -3,11 +3,13 @@ unnormalised variant's growth with N, and the state bound of gated recurrences."
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ..bounds import gated_state_bound, unnormalised_output_bound
 from ..findings import Finding
-from ..precision import gamma
+from ..precision import gamma, overflow_threshold
 from ..spectra import gram_spectra, normaliser_margin
 from ..strategies import AttentionInputs
 from ..targets import Target
@@ -57,7 +59,15 @@ def unnormalised_growth(target: Target, ex: AttentionInputs, *, causal: bool) ->
             for b, h in np.ndindex(*fq.shape[:2])
         ]
     ).reshape(fq.shape[:3])
-    return ratio_finding("unnormalised-growth", np.max(np.abs(o), axis=-1), bound * slack + 1e-300, ex, n=n)
+    size = np.max(read_magnitude(o, target.dtype), axis=-1)
+    return ratio_finding("unnormalised-growth", size, bound * slack + 1e-300, ex, n=n)
+
+
+def read_magnitude(out: np.ndarray, dtype: Any) -> np.ndarray:
+    """|out|, an infinite entry read as the least magnitude it may stand for, the dtype's overflow threshold (an
+    exact value past the range is returned as inf by every correct form; float64: inf stays inf); NaN stays."""
+    with np.errstate(invalid="ignore"):
+        return np.where(np.isinf(out), overflow_threshold(dtype), np.abs(out))
 
 
 @guarded("state-bound")
@@ -73,8 +83,11 @@ def state_bound(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding
     for c in range(dk):
         qc = np.zeros_like(ex.q)
         qc[..., c] = 1.0
-        rows.append(target(qc, ex.k, ex.v, causal=True, **ex.extras) / s)  # (B, H, N, d_v): row c of S_t
-    state = np.stack(rows, axis=-2)  # (B, H, N, d_k, d_v)
+        rows.append(target(qc, ex.k, ex.v, causal=True, **ex.extras))  # (B, H, N, d_v): row c of s S_t
+    read = np.stack(rows, axis=-2)  # (B, H, N, d_k, d_v)
+    # an infinite readout says only that |s S| reached the dtype's overflow threshold T: |S| >= T / s, the least
+    # value it may stand for (an exact state past the range is returned as inf by every correct form)
+    state = read_magnitude(read, target.dtype) / abs(s)
     bound = gated_state_bound(ex.k, ex.v, alpha_max)[..., None, :, :]
     slack = 1 + 2 * gamma(N + 2, target.dtype)
-    return ratio_finding("state-bound", np.abs(state), bound * slack, ex, alpha_max=alpha_max)
+    return ratio_finding("state-bound", state, bound * slack, ex, alpha_max=alpha_max)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
@@ -154,13 +155,19 @@ def _pow2_scales(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray
     return np.exp2(rng.integers(-2, 3, shape)).astype(np.float64)
 
 
+def _rows_scaled(x: np.ndarray, scales: np.ndarray, dtype: Any) -> np.ndarray:
+    """Each row of x times its scale, or times its reciprocal where the scale would take the row past the dtype's
+    largest finite value (heavy-tailed float16 rows of 2e4 times 4: the target then rightly refused an inf input)."""
+    over = np.max(np.abs(x), axis=-1, keepdims=True) * scales > max_finite(dtype)
+    return x * np.where(over, 1.0 / scales, scales)
+
+
 @guarded("qk-scale-invariance")
 def qk_scale_invariance(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding | None:
     """Scaling rows of q and of k by positive constants leaves a QK-normalised output unchanged."""
     rng = _rng(ex, "scale")
-    changed = replace(
-        ex, q=ex.q * _pow2_scales(rng, ex.q.shape[:-1] + (1,)), k=ex.k * _pow2_scales(rng, ex.k.shape[:-1] + (1,))
-    )
+    q_scales, k_scales = (_pow2_scales(rng, x.shape[:-1] + (1,)) for x in (ex.q, ex.k))
+    changed = replace(ex, q=_rows_scaled(ex.q, q_scales, ex.dtype), k=_rows_scaled(ex.k, k_scales, ex.dtype))
     return _invariance("qk-scale-invariance", target, ex, causal, changed)
 
 
