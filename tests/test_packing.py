@@ -117,3 +117,25 @@ def test_isolation_allows_the_packed_definitions_rounding(monkeypatch):
 
     monkeypatch.setattr(PK, "bound_of", unpacked)
     assert PK.packing_isolation(t, ex, causal=True).measured > 2
+
+
+def test_packed_gradients_past_the_dtypes_range_are_no_failure(monkeypatch):
+    """rwkv6, float16, outliers of 100, N = 2 packed as two sequences of one token (the default float16 check at
+    seed 0): the exact gradients reach past 65520, the naive gradient's inf minus the truth's made the bound NaN,
+    and the bonus u's gradient (H, d_k: no token axis) then raised an internal error in locating the failing
+    token. Entries past the range are left out of the yardstick (as backward-agreement's), and only gradients
+    with a token axis are located: the builtin passes; with the old yardstick the bound is NaN and it fails."""
+    from pathlib import Path
+
+    import gramcheck.properties.packing as P
+    from gramcheck.properties.packing import packing
+    from gramcheck.strategies import AttentionInputs
+    from gramcheck.targets import builtin
+
+    a = dict(np.load(Path(__file__).parent / "data" / "rwkv6_f16_outliers_packed.npz"))
+    ex = AttentionInputs(a.pop("q"), a.pop("k"), a.pop("v"), a, "outliers", "float16", {})
+    t = builtin("rwkv6", dtype="float16")
+    assert packing(t, ex, causal=True).passed
+    monkeypatch.setattr(P, "_naive_error", lambda nv, rf, dtype: float(np.max(np.abs(nv - rf), initial=0.0)))
+    f = packing(t, ex, causal=True)
+    assert not f.passed and "failure" not in f.details, f.details

@@ -17,7 +17,7 @@ import numpy as np
 from .. import algorithm_underflow
 from ..findings import Finding
 from ..forms import CHUNK_SIZES
-from ..precision import round_to
+from ..precision import overflow_threshold, round_to
 from ..strategies import AttentionInputs
 from ..targets import Target
 from .backward import definition_gradients, differentiable, smooth_definition, target_gradients
@@ -104,7 +104,8 @@ def packing(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding | N
         "packing",
         ex,
         parts,
-        token_axis={"out": 2, **{f"d{n}": 2 for n in differentiable(target, ex)}},
+        # gradients with a token axis only (rwkv6's bonus u is (H, d_k): an axis 2 there was an internal error)
+        token_axis={"out": 2, **{f"d{n}": 2 for n in differentiable(target, ex) if _per_token(ex, n)}},
         cu_seqlens=[int(c) for c in cu],
     )
 
@@ -143,11 +144,24 @@ def _gradient_parts(
     out: dict[str, tuple[np.ndarray, Any]] = {}
     for n in names:
         g_alone = _join(n, [x[n] for x in alone], ex)
-        e = max(float(np.max(np.abs(nv[n] - rf[n]), initial=0.0)) for nv, rf in zip(naive, ref, strict=True))
+        e = max(_naive_error(nv[n], rf[n], target.dtype) for nv, rf in zip(naive, ref, strict=True))
         scale = max(float(np.max(np.abs(rf[n]), initial=0.0)) for rf in ref)
         # NaN where both are NaN (features underflowing to 0/0 alike) is agreement's finding, not this one's
-        out[f"d{n}"] = (_diff(packed[n], g_alone), 2 * (BACKWARD_K * e + 4 * u * scale))
+        out[f"d{n}"] = (_diff(packed[n], g_alone, target.dtype), 2 * (BACKWARD_K * e + 4 * u * scale))
     return out
+
+
+def _per_token(ex: AttentionInputs, name: str) -> bool:
+    """Whether input ``name`` has a token axis (axis 2)."""
+    return bool(np.ndim(getattr(ex, name, None) if name in ("q", "k", "v") else ex.extras.get(name)) >= 3)
+
+
+def _naive_error(naive: np.ndarray, ref: np.ndarray, dtype: Any) -> float:
+    """max |naive - ref| over the entries whose exact value is within the dtype's range (past it, every form
+    returns inf, which says nothing of rounding: backward-agreement's yardstick), NaN counted as inf."""
+    with np.errstate(invalid="ignore"):
+        d = np.where(np.abs(ref) >= overflow_threshold(dtype), 0.0, np.abs(naive - ref))
+    return float(np.max(np.where(np.isnan(d), np.inf, d), initial=0.0))
 
 
 def _join(name: str, parts: list[np.ndarray], ex: AttentionInputs) -> np.ndarray:
