@@ -135,6 +135,12 @@ def linear_recurrence(
         raise ValueError("causal: got False with decays g; expected causal=True (decayed recurrences are causal)")
     s0 = _check_state(initial_state, q, v)
     od = accumulation_dtype(q) if wide_output else q.dtype
+    # each input cast once to the accumulation dtype (the decays to the gate dtype), as a kernel loads it: every
+    # further cast of a float16 tensor is another backward path whose gradient is rounded to float16 on its own,
+    # and two such parts of 7e4 and -1e4 overflow where their sum, the gradient, does not
+    acc = accumulation_dtype(q)
+    q, k, v = q.to(acc), k.to(acc), v.to(acc)
+    g = None if g is None else g.to(_gate_dtype(g))
     if form == "parallel":
         out, state = _parallel(q, k, v, g, causal, s0, output_final_state, od)
     elif form == "recurrent":

@@ -245,3 +245,23 @@ def test_a_gradient_past_the_dtypes_range_is_no_failure(monkeypatch):
     monkeypatch.setattr(B, "output_distance", lambda got, ref, dtype: np.abs(got - ref))
     monkeypatch.setattr(B, "overflow_threshold", lambda dtype: np.inf)
     assert not backward_agreement(t, ex, causal=True).passed
+
+
+@pytest.mark.parametrize(
+    ("name", "data"),
+    [
+        ("mamba2", "mamba2_f16_backward_near_overflow"),
+        ("linear-unnormalised", "linear_unnormalised_f16_backward_near_overflow"),
+    ],
+)
+def test_float16_builtins_cast_each_input_once_so_no_gradient_part_overflows(name, data):
+    """The default float16 checks at seed 0: mamba2's dg = 56934 and linear-unnormalised's dv = 64534 lie inside
+    float16's range, and the builtins' backward returned inf there (4.6). Each float16 input was cast to float32 in
+    two places (the zero-state pass and S_0's term; the intra-chunk and the state products), so autograd rounded
+    two gradient parts of the same input to float16 apart, and a part overflowed. The forms now cast each input
+    once, as a kernel loads it: both pass."""
+    from gramcheck.strategies import AttentionInputs
+
+    a = dict(np.load(Path(__file__).parent / "data" / f"{data}.npz"))
+    ex = AttentionInputs(a.pop("q"), a.pop("k"), a.pop("v"), a, "anti-aligned", "float16", {})
+    assert backward_agreement(builtin(name, dtype="float16"), ex, causal=True).passed

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from ..forms import linear_recurrence
+from ..forms import accumulation_dtype, linear_recurrence
 from ..hyperparams import scale_value
 from ..state import gated_scan, torch_gate_dtype, torch_with_state
 from ..torch_arith import TORCH
@@ -87,13 +87,15 @@ def torch_forward(
     B, H, N, dk = q.shape
     lg = torch.as_tensor(log_decays(H, layer_idx, num_layers), dtype=torch_gate_dtype(q), device=q.device)
     g = lg.reshape(1, H, 1, 1).expand(B, H, N, 1)
-    qs = q * scale_value(TORCH, scale, dk)
-    # held in the float32 accumulators until the state's term is added, and stored once
-    out = linear_recurrence(qs, k, v, g, causal=True, form=form, chunk_size=chunk_size, wide_output=True)
+    # every input cast once (``forms.linear_recurrence``), held in the float32 accumulators until the state's
+    # term is added, and stored once
+    acc = accumulation_dtype(q)
+    qs, ka, va = q.to(acc) * scale_value(TORCH, scale, dk), k.to(acc), v.to(acc)
+    out = linear_recurrence(qs, ka, va, g, causal=True, form=form, chunk_size=chunk_size, wide_output=True)
     if initial_state is None and not output_final_state:
         return out.to(q.dtype)
     b = g.cumsum(-2)
-    return torch_with_state(out, qs, k, v, b, b, initial_state, output_final_state, q.dtype)
+    return torch_with_state(out, qs, ka, va, b, b, initial_state, output_final_state, q.dtype)
 
 
 VARIANTS = [

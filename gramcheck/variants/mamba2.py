@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from ..forms import linear_recurrence
+from ..forms import accumulation_dtype, linear_recurrence
 from ..inputs import scalar_log_decay
 from ..state import gated_scan, torch_gate_dtype, torch_with_state
 from .spec import Variant
@@ -102,16 +102,18 @@ def torch_forward(
 
     B, H, N, dk = q.shape
     _check_g(g, B, H, N)
-    qs = q * scale
-    # held in the float32 accumulators until the state's term is added, and stored once
-    out = linear_recurrence(qs, k, v, g[..., None], causal=True, form=form, chunk_size=chunk_size, wide_output=True)
+    # every input cast once (``forms.linear_recurrence``), held in the float32 accumulators until the state's
+    # term is added, and stored once
+    acc = accumulation_dtype(q)
+    qs, ka, va, gg = q.to(acc) * scale, k.to(acc), v.to(acc), g.to(torch_gate_dtype(g))[..., None]
+    out = linear_recurrence(qs, ka, va, gg, causal=True, form=form, chunk_size=chunk_size, wide_output=True)
     skip = head_skip(H, D)
     if np.any(skip != 0):
-        out = out + torch.as_tensor(skip, dtype=out.dtype, device=q.device).reshape(1, H, 1, 1) * v.to(out.dtype)
+        out = out + torch.as_tensor(skip, dtype=acc, device=q.device).reshape(1, H, 1, 1) * va
     if initial_state is None and not output_final_state:
         return out.to(q.dtype)
-    b = g[..., None].to(torch_gate_dtype(g)).cumsum(-2)
-    return torch_with_state(out, qs, k, v, b, b, initial_state, output_final_state, q.dtype)
+    b = gg.cumsum(-2)
+    return torch_with_state(out, qs, ka, va, b, b, initial_state, output_final_state, q.dtype)
 
 
 VARIANTS = [

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from ..forms import linear_recurrence
+from ..forms import accumulation_dtype, linear_recurrence
 from ..hyperparams import scale_value
 from ..inputs import channel_log_decay, head_channel
 from ..state import torch_gate_dtype, torch_with_state
@@ -114,22 +114,23 @@ def torch_forward(
 ) -> Any:
     B, H, N, dk = q.shape
     _check_extras(g, u, B, H, N, dk)
-    r = q * scale_value(TORCH, scale, dk)
-    g_prev = shift_one(g)
-    # the past tokens' and the bonus term's sum taken in the float32 accumulators and stored once, as the
-    # kernels do: each overflows float16 where their sum need not
+    # every input cast once, as a kernel loads it (two casts of a float16 tensor round their gradients' parts to
+    # float16 apart, and the parts overflow where the gradient does not); the past tokens' and the bonus term's
+    # sum taken in the float32 accumulators and stored once, as the kernels do: each overflows float16 where
+    # their sum need not
+    acc = accumulation_dtype(q)
+    r, ka, va, ua = q.to(acc) * scale_value(TORCH, scale, dk), k.to(acc), v.to(acc), u.to(acc)
+    gg = g.to(torch_gate_dtype(g))
+    g_prev = shift_one(gg)
     out = linear_recurrence(
-        r, shift_one(k), shift_one(v), g_prev, causal=True, form=form, chunk_size=chunk_size, wide_output=True
+        r, shift_one(ka), shift_one(va), g_prev, causal=True, form=form, chunk_size=chunk_size, wide_output=True
     )
-    acc = out.dtype
-    current = (r.to(acc) * u.to(acc)[None, :, None, :] * k.to(acc)).sum(-1, keepdim=True) * v.to(acc)
+    current = (r * ua[None, :, None, :] * ka).sum(-1, keepdim=True) * va
     out = out + current  # stored once, after the state's term is added
     if initial_state is None and not output_final_state:
         return out.to(q.dtype)
-    gd = torch_gate_dtype(g)
-    return torch_with_state(
-        out, r, k, v, g_prev.to(gd).cumsum(-2), g.to(gd).cumsum(-2), initial_state, output_final_state, q.dtype
-    )
+    b_in, b = g_prev.cumsum(-2), gg.cumsum(-2)
+    return torch_with_state(out, r, ka, va, b_in, b, initial_state, output_final_state, q.dtype)
 
 
 VARIANTS = [
