@@ -153,7 +153,8 @@ def _gradient_parts(
 
 def _per_token(ex: AttentionInputs, name: str) -> bool:
     """Whether input ``name`` has a token axis (axis 2)."""
-    return bool(np.ndim(getattr(ex, name, None) if name in ("q", "k", "v") else ex.extras.get(name)) >= 3)
+    x = getattr(ex, name) if name in ("q", "k", "v") else ex.extras.get(name)
+    return x is not None and np.ndim(x) >= 3
 
 
 def _naive_error(naive: np.ndarray, ref: np.ndarray, dtype: Any) -> float:
