@@ -191,17 +191,17 @@ def _scalar_decay(bt: Any, bs: Any, mask: Any) -> Any:
 
 def parallel(q: Any, k: Any, v: Any, g: Any = None, *, causal: bool) -> Any:
     """The parallel form (see the module docstring)."""
-    return _parallel(q, k, v, g, causal, None, False, q.dtype)[0]
+    return linear_recurrence(q, k, v, g, causal=causal, form="parallel")
 
 
 def recurrent(q: Any, k: Any, v: Any, g: Any = None, *, causal: bool) -> Any:
     """The recurrent form (see the module docstring)."""
-    return _recurrent(q, k, v, g, causal, None, q.dtype)[0]
+    return linear_recurrence(q, k, v, g, causal=causal, form="recurrent")
 
 
 def chunked(q: Any, k: Any, v: Any, g: Any = None, *, causal: bool, chunk_size: int = 64) -> Any:
     """The chunked form (see the module docstring)."""
-    return _chunked(q, k, v, g, causal, check_positive_int("chunk_size", chunk_size), None, q.dtype)[0]
+    return linear_recurrence(q, k, v, g, causal=causal, form="chunked", chunk_size=chunk_size)
 
 
 def _parallel(q: Any, k: Any, v: Any, g: Any, causal: bool, s0: Any, want_state: bool, od: Any) -> tuple[Any, Any]:
