@@ -55,11 +55,13 @@ def enclosure(
     l2norm: bool,
     l2norm_eps: float,
     initial_state: np.ndarray | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
+    output_final_state: bool = False,
+) -> tuple[Any, Any] | None:
     """(o^, bound) with |o^ - o| <= bound componentwise, o the exact output of the variant's definition
     (variants.deltanet.reference) on the float64 inputs q, k (B, H, N, d_k), v (B, H, N, d_v), beta, g
-    (B, H, N), S_0 (B, H, d_k, d_v). Entries whose bound is not finite are left to the oracle's balls;
-    None for a problem too large for the bound's own rounding allowance (``LIMIT``)."""
+    (B, H, N), S_0 (B, H, d_k, d_v); with ``output_final_state``, ((o^, S^_N), (bound, state bound)), every
+    entry of S^_N bounded by the recursion's |E_N|_F. Entries whose bound is not finite are left to the
+    oracle's balls; None for a problem too large for the bound's own rounding allowance (``LIMIT``)."""
     from .variants.deltanet import l2_normalise
 
     B, H, N, dk = q.shape
@@ -118,5 +120,14 @@ def enclosure(
             gk * _abs_dot(np.abs(qt), aq) + _abs_dot(rq[:, :, t], aq) + (err * q_norm)[..., None] + dk * ETA
         )
     bound = bound * SAFETY + TINY
-    bad = ~(np.isfinite(out) & np.isfinite(bound))
-    return np.where(bad, 0.0, out), np.where(bad, np.inf, bound)
+    if not output_final_state:
+        return _certified(out, bound)
+    state_bound = np.broadcast_to((err * SAFETY + TINY)[..., None, None], state.shape)
+    (o, bo), (s, bs) = _certified(out, bound), _certified(state, state_bound)
+    return (o, s), (bo, bs)
+
+
+def _certified(value: np.ndarray, bound: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(value, bound) with an infinite bound (and value 0) where either is not finite."""
+    bad = ~(np.isfinite(value) & np.isfinite(bound))
+    return np.where(bad, 0.0, value), np.where(bad, np.inf, bound)

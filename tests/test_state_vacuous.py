@@ -160,6 +160,33 @@ def test_contracting_transitions_give_no_rounding_noise_in_the_state_properties(
     assert state_agreement(w, ex, causal=True).measured > 10
 
 
+@pytest.mark.parametrize("name", ["deltanet", "gated-deltanet"])
+def test_the_delta_rules_state_is_judged_at_chunk_sized_n_in_float32(name):
+    """float32, N = 100, d = 64, Gaussian: the float64 balls of the delta rule wrap from N ~ 60, so the truth of
+    (out, S_N) was too coarse for the rule in norm and every vacuous entry was unjudged; a final state 10% off
+    passed. The truth now comes from the delta rule's own enclosure, final state included
+    (proofs/delta-enclosure.md, "The final state"): nothing is unjudged, the builtin passes, 10% off fails."""
+    import gramcheck.variants as V
+    from gramcheck.inputs import draw_extras
+
+    rng = np.random.default_rng(0)
+    q, k, v = (round_to(rng.standard_normal((1, 1, 100, 64)), "float32") for _ in range(3))
+    dims = {"B": 1, "H": 1, "N": 100, "dk": 64, "dv": 64}
+    ex = AttentionInputs(q, k, v, draw_extras(V.get(name).inputs, dims, dtype="float32", seed=1),
+                         "gaussian", "float32", {})  # fmt: skip
+    t = builtin(name, dtype="float32")
+    f = state_agreement(t, ex, causal=True)
+    assert f.passed and f.details["vacuous_entries"]["final_state"] > 0, f.details
+    assert f.details["unjudged_entries"] == {"out": 0, "final_state": 0}, f.details
+
+    def off(q, k, v, *, causal, initial_state=None, output_final_state=False, **kw):
+        res = t.fn(q, k, v, causal=causal, initial_state=initial_state, output_final_state=output_final_state, **kw)
+        return (res[0], res[1] * 1.1) if output_final_state else res
+
+    w = Target(off, t.variant, dtype="float32", params=dict(t.params), name="ten-percent-off")
+    assert state_agreement(w, ex, causal=True).measured > 10
+
+
 def test_two_runs_that_round_one_value_to_65504_and_to_inf_agree(monkeypatch):
     """lightning, float16, heavy-tailed (k up to 12848), N = 63, split at 16 (the sweep's seed 1): an exact output
     near float16's overflow threshold is 65504 in one run and inf in the other, both correct roundings, and

@@ -318,16 +318,18 @@ class Variant:
 
     def enclosure(self, q: Any, k: Any, v: Any, *, causal: bool = False, **kwargs: Any) -> tuple[Any, Any] | None:
         """The output on float64 inputs as (value, bound), float64 arrays with |value - exact| <= bound
-        componentwise, from the variant's own certified float64 evaluation (``enclosure_fn``); None where
-        it has none for this call (the oracle then evaluates the definition in ball arithmetic)."""
+        componentwise, from the variant's own certified float64 evaluation (``enclosure_fn``); with
+        ``output_final_state``, ((out, S_N), (their bounds)); None where it has none for this call (the
+        oracle then evaluates the definition in ball arithmetic)."""
         if self.enclosure_fn is None:
             return None
         params, extras, opts = self._call(q, k, v, causal, kwargs)
-        if set(opts) - {"initial_state"}:
-            return None  # final states and packed sequences: the ball arithmetic
+        if set(opts) - {"initial_state", "output_final_state"}:
+            return None  # packed sequences: the ball arithmetic
+        final = {"output_final_state": True} if opts.pop("output_final_state", False) else {}
         arrays = {n: np.asarray(x, dtype=np.float64) for n, x in {**extras, **opts}.items()}
         qkv = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
-        return self.enclosure_fn(*qkv, causal=causal, **params, **arrays)
+        return self.enclosure_fn(*qkv, causal=causal, **params, **arrays, **final)
 
     def _call(
         self, q: Any, k: Any, v: Any, causal: bool, kwargs: Mapping[str, Any]
