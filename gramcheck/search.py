@@ -55,7 +55,7 @@ class Domain:
     kinds: tuple[str, ...] | None = None
     max_n: int | None = None
     max_d: int | None = None
-    max_b: int = 1  # the state properties draw two rows whatever it is (Property.min_b)
+    max_b: int = 1  # the state properties and backward-agreement draw two rows whatever it is (Property.min_b)
     max_h: int = 2
     examples: int | None = None
     min_n: int = 1

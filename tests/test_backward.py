@@ -265,3 +265,85 @@ def test_float16_builtins_cast_each_input_once_so_no_gradient_part_overflows(nam
     a = dict(np.load(Path(__file__).parent / "data" / f"{data}.npz"))
     ex = AttentionInputs(a.pop("q"), a.pop("k"), a.pop("v"), a, "anti-aligned", "float16", {})
     assert backward_agreement(builtin(name, dtype="float16"), ex, causal=True).passed
+
+
+def _elu_with_one_underflowing_key(dq_factor: float = 1.0):
+    """linear-elu, float16, N = 3, d = 2: key 0 of -20 has phi(k) = e^-20, 0 in float16, so row 0 is 0/0 in the
+    definition evaluated in float16 (and in the builtin), while rows 1 and 2 are ordinary. A target whose dq is
+    ``dq_factor`` times the builtin's."""
+    from gramcheck.precision import round_to
+    from gramcheck.strategies import AttentionInputs
+
+    q = np.array([[[[0.5, 1.0], [1.0, -0.5], [0.25, 0.75]]]])
+    k = np.array([[[[-20.0, -20.0], [1.0, 0.5], [-0.5, 1.5]]]])
+    v = np.array([[[[1.0, -2.0], [0.5, 1.5], [-1.0, 0.25]]]])
+    ex = AttentionInputs(*(round_to(x, "float16") for x in (q, k, v)), {}, "outliers", "float16", {})
+    t = builtin("linear-elu", dtype="float16")
+
+    class Scaled(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, v):
+            return v.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * dq_factor
+
+    def fn(q, k, v, *, causal):
+        return t.fn(Scaled.apply(q), k, v, causal=causal)
+
+    from gramcheck.targets import Target
+
+    return ex, Target(fn, "linear-elu", dtype="float16", name=f"dq x {dq_factor}")
+
+
+def test_an_entry_the_definition_does_not_compute_in_the_dtype_leaves_the_others_judged():
+    """Row 0's 0/0 makes the float16 definition's gradient NaN at dq_0, at dk_0 and at every dv (through the state's
+    gradient): such entries have no yardstick and are counted, not judged (the builtin returns NaN there too, as
+    the forward's uncertifiable entries). They no longer make the whole tensor's yardstick infinite: a dq 10% off
+    on rows 1 and 2 passed before (a NaN yardstick), and fails now."""
+    ex, t = _elu_with_one_underflowing_key()
+    f = backward_agreement(t, ex, causal=True)
+    assert f.passed and f.details["no_yardstick_entries"] == {"dq": 2, "dk": 2, "dv": 6}, f.details
+    assert "not judged" in f.details["note"]
+    ex, wrong = _elu_with_one_underflowing_key(1.1)
+    assert backward_agreement(wrong, ex, causal=True).measured > 1
+
+
+def test_a_gradient_in_float32s_subnormals_is_allowed_their_spacing():
+    """mamba2, float32, N = 1, d = 3, g = -97: dL/dS_0 = e^g (q W^T + W_S) is about 1e-42, subnormal in float32,
+    where the builtin's backward and the definition in float32 round differently by about one subnormal
+    (1.4e-45) against a relative floor of 1e-47. The floor now adds the n + 1 subnormals a path's roundings may
+    underflow by: the builtin passes, above 1/(2 (n + 1)) of the bound (the allowance is not loose by more than
+    the path length), and a dS_0 twice the builtin's still fails."""
+    from gramcheck.precision import round_to
+    from gramcheck.strategies import AttentionInputs
+    from gramcheck.targets import Target
+
+    worst = 0.0
+    for seed in range(8):
+        rng = np.random.default_rng(seed)
+        q, k, v = (round_to(rng.standard_normal((1, 1, 1, 3)), "float32") for _ in range(3))
+        ex = AttentionInputs(q, k, v, {"g": np.full((1, 1, 1), -97.0)}, "gaussian", "float32", {})
+        t = builtin("mamba2", dtype="float32")
+        f = backward_agreement(t, ex, causal=True)
+        assert f.passed, f.details
+        if f.details["entry"].startswith("dinitial_state"):
+            worst = max(worst, f.measured)
+    n = 1 + 3 + 3
+    assert worst > 1 / (2 * (n + 1)), worst
+
+    def doubled(q, k, v, *, causal, g, initial_state=None, output_final_state=False):
+        class Twice(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, s):
+                return s.clone()
+
+            @staticmethod
+            def backward(ctx, grad):
+                return 2 * grad
+
+        s0 = None if initial_state is None else Twice.apply(initial_state)
+        return t.fn(q, k, v, causal=causal, g=g, initial_state=s0, output_final_state=output_final_state)
+
+    assert backward_agreement(Target(doubled, "mamba2", dtype="float32", name="dS0 x 2"), ex, causal=True).measured > 1

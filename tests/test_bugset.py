@@ -38,3 +38,17 @@ def test_the_fixed_twin_computes_the_definition(case):
     with torch.no_grad():
         out = case.fixed(causal=case.causal, **tensors)
     np.testing.assert_allclose(out.numpy(), ref, rtol=1e-9, atol=1e-12 * np.max(np.abs(ref)))
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.flaw], ids=[c.id for c in CASES if c.flaw])
+def test_a_flaw_of_an_upstream_fix_is_shown_not_asserted(case):
+    """A fixed twin reported as failing through its upstream fix's own flaw (``Case.flaw``) must show that flaw
+    directly, outside gramcheck, or run.py would hide a false alarm as a flaw."""
+    assert case.shows_flaw is not None and case.shows_flaw(), case.id
+
+
+def test_cases_with_their_own_properties_name_known_ones():
+    from gramcheck.properties import names
+
+    for c in CASES:
+        assert c.properties is None or set(c.properties) <= set(names()), c.id

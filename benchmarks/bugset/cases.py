@@ -17,7 +17,13 @@ class Case:
     """``buggy`` and ``fixed`` as targets of ``variant`` (hyperparameters ``params``), checked in
     ``dtype`` with ``causal``; ``source`` is the tracker thread (URL) whose bug ``buggy`` reproduces,
     ``summary`` says what the bug is and how upstream fixed it, ``kind`` is where it lives (forward,
-    backward, state, varlen, chunk-boundary, decay, normaliser, features, precision)."""
+    backward, state, varlen, chunk-boundary, decay, normaliser, features, precision).
+
+    ``properties``: the properties a user of the upstream code runs, where not every default one (an
+    inference-only op has no backward); None: the default check. ``flaw``: where the upstream fix itself
+    breaks a property gramcheck checks, what it breaks, with ``shows_flaw`` computing it directly on the
+    fixed twin (tests/test_bugset.py runs it); a fixed twin failing with a flaw so shown is reported apart
+    from the false alarms, never counted as caught or hidden."""
 
     id: str
     source: str
@@ -30,3 +36,6 @@ class Case:
     dtype: str = "float32"
     params: Mapping[str, Any] = field(default_factory=dict)
     domain: Mapping[str, Any] | None = None
+    properties: tuple[str, ...] | None = None
+    flaw: str = ""
+    shows_flaw: Callable[[], bool] | None = None

@@ -56,6 +56,7 @@ def _one(case_id: str, twin: str, seed: int) -> dict[str, Any]:
             params=dict(case.params),
             domain=None if case.domain is None else dict(case.domain),
             seed=seed,
+            properties=None if case.properties is None else list(case.properties),
         )
         failed = [f"{f.name} {f.measured:.3g}/{f.bound:.3g}" for f in report.findings if not f.passed]
         error = None
@@ -89,19 +90,24 @@ def main(argv: list[str] | None = None) -> int:
         by[(r["id"], r["twin"])].append(r)
     print("| case | variant | kind | dtype | bug caught by | fixed twin fails | CPU s |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
-    caught = alarms = 0
+    caught = alarms = flawed = 0
     for c in todo:
         b, f = by[(c.id, "buggy")], by[(c.id, "fixed")]
         b_fail = sorted({x for r in b for x in r["failed"]} | {r["error"] for r in b if r["error"]})
         f_fail = sorted({x for r in f for x in r["failed"]} | {r["error"] for r in f if r["error"]})
         caught += any(r["failed"] for r in b)
-        alarms += bool(f_fail)
+        # a fixed twin failing through its upstream fix's own flaw (Case.flaw, shown by tests/test_bugset.py)
+        flaw = bool(f_fail) and bool(c.flaw) and not any(r["error"] for r in f)
+        flawed += flaw
+        alarms += bool(f_fail) and not flaw
         cpu = sum(r["cpu_s"] for r in b + f)
+        fixed_col = "; ".join(f_fail) + (f" (the upstream fix's flaw: {c.flaw})" if flaw else "")
         print(f"| {c.id} | {c.variant} | {c.kind} | {c.dtype} | {'; '.join(b_fail) or 'MISSED'} | "
-              f"{'; '.join(f_fail) or '-'} | {cpu:.0f} |")
+              f"{fixed_col or '-'} | {cpu:.0f} |")
     n = len(todo)
     rate = 100 * caught / max(n, 1)
-    print(f"\ncaught {caught} of {n} bugs ({rate:.0f}%); false alarms on {alarms} of {n} fixed twins")
+    print(f"\ncaught {caught} of {n} bugs ({rate:.0f}%); false alarms on {alarms} of {n} fixed twins; "
+          f"{flawed} fixed twins fail through a flaw of the upstream fix itself (Case.flaw)")
     return 0
 
 

@@ -47,7 +47,9 @@ from . import accuracy, backward, conditioning, gradients, invariants, kernels, 
 from .base import DEFAULT_KINDS, Property, always, declares
 
 LOW_PRECISION = ("bfloat16", "float16")
-STATE_BATCH = 2  # the state properties draw two batch rows: a state kernel missing its batch offset is right at B = 1
+# the state and backward properties draw two batch rows: a kernel missing its batch offset (a state's, a
+# gradient's batch stride) is right at B = 1
+STATE_BATCH = 2
 
 CATALOGUE: tuple[Property, ...] = (
     Property(
@@ -240,6 +242,7 @@ CATALOGUE: tuple[Property, ...] = (
         "gradients in the target dtype: |G - G*| <= 2 max|naive - G*| + 4u (size of the terms) per tensor",
         kinds=gradients.GRADIENT_KINDS,
         max_n=128,
+        min_b=STATE_BATCH,
     ),
     *(
         Property(

@@ -29,7 +29,7 @@ from ..agreement import output_distance
 from ..autodiff import TorchDefinition
 from ..findings import Finding
 from ..gradient_terms import TermArith
-from ..precision import gamma_tilde, overflow_threshold, round_to, unit_roundoff
+from ..precision import gamma_tilde, overflow_threshold, round_to, smallest_subnormal, unit_roundoff
 from ..strategies import AttentionInputs
 from ..targets import Target
 from .base import guarded
@@ -252,7 +252,11 @@ def _judge_gradients(
     contracting = "contracting-transitions" in target.variant.tags(target.params)
     length = accumulation_length(ex)
     floor_rel = BACKWARD_FLOOR_ULPS * unit_roundoff(target.dtype) + gamma_tilde(length, ACCUMULATOR)
+    # gradual underflow: each of the n roundings on a path may underflow in the accumulator, and the stored
+    # gradient in the dtype, each by its smallest subnormal (a float32 dS_0 of 4e-42 off by one subnormal)
+    underflow = length * smallest_subnormal(ACCUMULATOR) + smallest_subnormal(target.dtype)
     parts: dict[str, Any] = {}
+    no_yardstick: dict[str, int] = {}
     naive_err, scales = {}, {}
     unjudged: list[str] = []
     in_norm: list[str] = []
@@ -266,9 +270,18 @@ def _judge_gradients(
         # distance to the nearest value that rounds to it (``agreement.output_distance``), and left out of the
         # yardstick, whose own inf there says nothing of rounding (gla's dg of 2.8e5 in float16)
         past = np.abs(ref[n]) >= overflow_threshold(target.dtype)
+        # an entry whose gradient the definition in the dtype does not compute (features underflowing to 0/0 in
+        # float16) has no yardstick, as the forward's uncertifiable entries: counted, not judged, and left out of
+        # the tensor's yardstick, which a single NaN there made infinite for every entry
+        blind = ~np.isfinite(naive[0][n]) & ~past
+        if blind.any():
+            no_yardstick[f"d{n}"] = int(blind.sum())
+            if blind.all():
+                continue
+        skip = past | blind
 
-        def within(size: Any, past: np.ndarray = past) -> Any:
-            return lambda d: size(np.where(past, 0.0, d))
+        def within(size: Any, skip: np.ndarray = skip) -> Any:
+            return lambda d: size(np.where(skip, 0.0, d))
 
         e_n = yardstick_error(naive, ref, n, within(_largest))
         largest = float(np.max(np.abs(ref[n]), initial=0.0))
@@ -277,9 +290,9 @@ def _judge_gradients(
         scale = np.maximum(largest, terms[n])
         if _is_log_decay(target, n):  # production kernels form dg as a reverse sum that cancels
             scale = np.maximum(scale, log_decay_terms(arrays, ref, n))
-        floor = floor_rel * scale
+        floor = floor_rel * scale + underflow
         naive_err[f"d{n}"], scales[f"d{n}"] = e_n, float(np.max(scale))
-        err = output_distance(got[n], ref[n], target.dtype)
+        err = np.where(blind, 0.0, output_distance(got[n], ref[n], target.dtype))
         if float(np.max(floor)) < own_size:
             parts[f"d{n}"] = (np.where(np.isnan(err), np.inf, err), BACKWARD_K * e_n + floor)
             continue
@@ -290,7 +303,7 @@ def _judge_gradients(
         # cancel) the roundings follow the terms: not judged.
         own_norm = frobenius(ref[n]) if largest > CANCELLED * natural and contracting else 0.0
         scale_norm = max(own_norm, natural * float(np.sqrt(ref[n].size)))
-        bound = BACKWARD_K * yardstick_error(naive, ref, n, within(frobenius)) + floor_rel * scale_norm
+        bound = BACKWARD_K * yardstick_error(naive, ref, n, within(frobenius)) + floor_rel * scale_norm + underflow
         if bound >= own_norm:
             unjudged.append(f"d{n}")
             continue
@@ -300,7 +313,9 @@ def _judge_gradients(
         return None  # no gradient of this input can be judged: not an example of the property
     token_axis = {f"d{n}": 2 for n in names if n not in ("initial_state",) and np.ndim(arrays[n]) >= 3}
     details: dict[str, Any] = {"naive_errors": naive_err, "gradient_scales": scales, "k": BACKWARD_K}
-    details["floor"] = {"relative": floor_rel, "accumulation_length": length}
+    details["floor"] = {"relative": floor_rel, "accumulation_length": length, "underflow": underflow}
+    if no_yardstick:
+        details["no_yardstick_entries"] = no_yardstick
     details["gradients"] = [f"d{n}" for n in names]
     notes = []
     if in_norm:
@@ -309,6 +324,9 @@ def _judge_gradients(
     if unjudged:
         details["unjudged"] = unjudged
         notes.append(f"not judged (the floor reaches the gradient's own size, also in norm): {', '.join(unjudged)}")
+    if no_yardstick:
+        counts = ", ".join(f"{k} {v}" for k, v in no_yardstick.items())
+        notes.append(f"entries the definition in the dtype does not compute, not judged: {counts}")
     if notes:
         details["note"] = "; ".join(notes)
     return parts_finding("backward-agreement", ex, parts, token_axis=token_axis, **details)
