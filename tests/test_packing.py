@@ -139,3 +139,15 @@ def test_packed_gradients_past_the_dtypes_range_are_no_failure(monkeypatch):
     monkeypatch.setattr(P, "_naive_error", lambda nv, rf, dtype: float(np.max(np.abs(nv - rf), initial=0.0)))
     f = packing(t, ex, causal=True)
     assert not f.passed and "failure" not in f.details, f.details
+
+
+def test_the_packed_gradients_yardstick_skips_entries_the_definition_does_not_compute():
+    """A naive gradient that is NaN or inf at an entry whose exact value is in range (float16 features
+    underflowing to 0/0) gives no yardstick there; it made the whole tensor's yardstick, and so its bound,
+    infinite. The yardstick is the largest error over the other entries, and entries past the range stay out."""
+    from gramcheck.properties.packing import _naive_error
+
+    ref = np.array([1.0, 2.0, 3.0, 7e4])
+    naive = np.array([1.001, np.nan, 3.01, np.inf])
+    assert _naive_error(naive, ref, "float16") == pytest.approx(0.01)
+    assert _naive_error(np.array([1.001, 2.0, -np.inf, np.inf]), ref, "float16") == pytest.approx(0.001)

@@ -4,7 +4,7 @@ its upstream-fixed ``fixed`` twin that differ only by the bug (benchmarks/bugset
 
 Every target follows gramcheck's convention ``fn(q, k, v, *, causal, **extras)`` on (B, H, N, d) tensors and
 works in any float dtype on CPU. The shared, bug-free parts (feature maps, stabilisers, recurrences) are written
-once below and used by both twins.
+once below (those other modules use too in benchmarks/bugset/common.py) and used by both twins.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import math
 import torch
 
 from benchmarks.bugset.cases import Case
+from benchmarks.bugset.common import acc_dtype, causal_softmax, l2norm
 
 # --------------------------------------------------------------------------------------------------
 # shared helpers (identical in both twins of every case)
@@ -68,7 +69,7 @@ def _favor_causal_state_pass(q, k, v, w):
     it grows), the query of token t by c_t = max_j (L^q_tj + M_tj). Yields per token (phi(q_t), S_t, z_t): the
     state S_t = sum_{s<=t} phi(k_s) v_s^T and the key sum z_t = sum_{s<=t} phi(k_s), both in the same scale as
     phi(q_t) (a factor per row, which cancels in num / den). Accumulates in at least float32."""
-    acc = torch.promote_types(q.dtype, torch.float32)
+    acc = acc_dtype(q)
     m = w.shape[0]
     ratio = m**-0.5
     pq, hq = _favor_positive_log_parts(q.to(acc), w.to(acc))
@@ -282,21 +283,13 @@ def ul24990_scale_after_matmul_buggy(q, k, v, *, causal):
     """Before PR #24990: attn = (q @ k^T) * scale -- the raw dot product (up to d |q| |k|) overflows fp16's
     65504 to inf before the scale brings it back into range; softmax of inf is NaN."""
     scale = q.shape[-1] ** -0.5
-    attn = (q @ k.transpose(-2, -1)) * scale
-    if causal:
-        n = q.shape[-2]
-        attn = attn.masked_fill(~torch.ones(n, n, dtype=torch.bool, device=q.device).tril(), float("-inf"))
-    return torch.softmax(attn, dim=-1) @ v
+    return causal_softmax((q @ k.transpose(-2, -1)) * scale, v, causal)
 
 
 def ul24990_scale_after_matmul_fixed(q, k, v, *, causal):
     """PR #24990: attn = (q * scale) @ k^T (the scale applied to the query before the product)."""
     scale = q.shape[-1] ** -0.5
-    attn = (q * scale) @ k.transpose(-2, -1)
-    if causal:
-        n = q.shape[-2]
-        attn = attn.masked_fill(~torch.ones(n, n, dtype=torch.bool, device=q.device).tril(), float("-inf"))
-    return torch.softmax(attn, dim=-1) @ v
+    return causal_softmax((q * scale) @ k.transpose(-2, -1), v, causal)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -310,24 +303,18 @@ _QKN_TAU = 1.0
 def _qk_l2(x, per_head):
     """sqrt(tau) x / sqrt(|x|^2 + eps), the norm taken per head over d (per_head) or over each token's
     concatenated heads (B, N, H * d)."""
-    acc = torch.promote_types(x.dtype, torch.float32)
-    y = x.to(acc)
+    y = x.to(acc_dtype(x))
     if per_head:
-        n = y / torch.sqrt((y * y).sum(-1, keepdim=True) + _QKN_EPS)
+        n = l2norm(y, _QKN_EPS)
     else:
         B, H, N, d = y.shape
         flat = y.transpose(1, 2).reshape(B, N, H * d)  # the projection's output before the head split
-        flat = flat / torch.sqrt((flat * flat).sum(-1, keepdim=True) + _QKN_EPS)
-        n = flat.reshape(B, N, H, d).transpose(1, 2)
+        n = l2norm(flat, _QKN_EPS).reshape(B, N, H, d).transpose(1, 2)
     return (n * math.sqrt(_QKN_TAU)).to(x.dtype)
 
 
 def _softmax_unit_scale(qn, kn, v, causal):
-    att = qn @ kn.transpose(-2, -1)
-    if causal:
-        n = qn.shape[-2]
-        att = att.masked_fill(~torch.ones(n, n, dtype=torch.bool, device=qn.device).tril(), float("-inf"))
-    return torch.softmax(att, dim=-1) @ v
+    return causal_softmax(qn @ kn.transpose(-2, -1), v, causal)
 
 
 def vllm16311_qknorm_across_heads_buggy(q, k, v, *, causal):
@@ -409,23 +396,18 @@ def _block_mask(n, cu_seqlens, causal, device):
     return keep
 
 
-def _packed_softmax(q, k, v, keep):
-    att = (q / math.sqrt(q.shape[-1])) @ k.transpose(-2, -1)
-    return torch.softmax(att.masked_fill(~keep, float("-inf")), dim=-1) @ v
-
-
 def xf1185_block_causal_mask_to_buggy(q, k, v, *, causal, cu_seqlens=None):
     """xformers 0.0.28: BlockDiagonalCausalMask.from_seqlens(...).to(device) went through
     BlockDiagonalMask.to and came back as a BlockDiagonalMask: sequences stay isolated, but every token of a
     sequence sees the whole sequence, its future included."""
     keep = _block_mask(q.shape[-2], cu_seqlens, False, q.device)  # the causal flag lost by .to()
-    return _packed_softmax(q, k, v, keep)
+    return _sdp(q, k, v, keep)
 
 
 def xf1185_block_causal_mask_to_fixed(q, k, v, *, causal, cu_seqlens=None):
     """xformers a8746f3: BlockDiagonalCausalMask.to keeps its class (block diagonal and causal)."""
     keep = _block_mask(q.shape[-2], cu_seqlens, causal, q.device)
-    return _packed_softmax(q, k, v, keep)
+    return _sdp(q, k, v, keep)
 
 
 CASES: list[Case] = []

@@ -6,7 +6,7 @@ torch as a ``buggy`` target and its upstream-fixed ``fixed`` twin that differ on
 
 Every target follows gramcheck's convention ``fn(q, k, v, *, causal, **extras)`` on (B, H, N, d) tensors and
 works in any float dtype on CPU (float64 for the gradient checks); the shared, bug-free parts are written once
-below and used by both twins.
+below (those other modules use too in benchmarks/bugset/common.py) and used by both twins.
 """
 
 from __future__ import annotations
@@ -16,15 +16,11 @@ import math
 import torch
 
 from benchmarks.bugset.cases import Case
+from benchmarks.bugset.common import acc_dtype, causal_softmax, l2norm
 
 # --------------------------------------------------------------------------------------------------
 # shared helpers (identical in both twins of every case)
 # --------------------------------------------------------------------------------------------------
-
-
-def _acc(x):
-    """The accumulation dtype: at least float32 (float64 stays float64)."""
-    return torch.promote_types(x.dtype, torch.float32)
 
 
 def _tril(n, device):
@@ -34,13 +30,6 @@ def _tril(n, device):
 def _elu1(x):
     """elu(x) + 1 evaluated branch by branch: x + 1 (x > 0), exp(x) (x <= 0); no cancellation."""
     return torch.where(x > 0, x + 1.0, torch.exp(torch.clamp(x, max=0.0)))
-
-
-def _softmax_logits(logits, v, causal):
-    """softmax over the last axis of (B, H, N, N) logits (j > i masked when causal), times v."""
-    if causal:
-        logits = logits.masked_fill(~_tril(logits.shape[-1], logits.device), float("-inf"))
-    return torch.softmax(logits, dim=-1) @ v
 
 
 def _causal_numerator(fq, fk, v):
@@ -61,7 +50,7 @@ def _fla_normalised(q, k, v, *, heads_cumsum, detach_k_cum=False):
     (q k^T masked) v, then ``normalize_output``: o / ((q * k.cumsum(T)).sum(-1) + 1e-10). fla's layout is
     (B, T, H, K): its cumsum(-2) is over the heads H, here dim 1 of (B, H, N, d)."""
     dtype = q.dtype
-    fq, fk, va = _elu1(q.to(_acc(q))), _elu1(k.to(_acc(k))), v.to(_acc(v))
+    fq, fk, va = _elu1(q.to(acc_dtype(q))), _elu1(k.to(acc_dtype(k))), v.to(acc_dtype(v))
     o = _causal_numerator(fq, fk, va)
     k_cum = fk.cumsum(dim=1) if heads_cumsum else fk.cumsum(dim=-2)
     if detach_k_cum:
@@ -108,8 +97,8 @@ def _fla_elu_layer(q, k, v, phi):
     then the normalised causal kernel with float32 accumulation and the 1e-10 denominator eps, output cast
     back to the input dtype."""
     dtype = q.dtype
-    fq, fk = phi(q).to(_acc(q)), phi(k).to(_acc(k))
-    va = v.to(_acc(v))
+    fq, fk = phi(q).to(acc_dtype(q)), phi(k).to(acc_dtype(k))
+    va = v.to(acc_dtype(v))
     ones = torch.ones_like(va[..., :1])
     out = _causal_numerator(fq, fk, torch.cat([va, ones], dim=-1))
     return (out[..., :-1] / (out[..., -1:] + _FLA_EPS)).to(dtype)
@@ -140,14 +129,12 @@ _XT_EPS = 1e-6
 
 
 def _xt_l2(x):
-    acc = _acc(x)
-    y = x.to(acc)
-    return (y / torch.sqrt((y * y).sum(-1, keepdim=True) + _XT_EPS)).to(x.dtype)
+    return l2norm(x.to(acc_dtype(x)), _XT_EPS).to(x.dtype)
 
 
 def _sdpa(q, k, v, causal):
     """torch's F.scaled_dot_product_attention math: softmax(q k^T / sqrt(d)) v."""
-    return _softmax_logits((q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5, v, causal)
+    return causal_softmax((q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5, v, causal)
 
 
 def xt190_qknorm_flash_scale_buggy(q, k, v, *, causal):
@@ -175,13 +162,13 @@ def maxtext1370_mla_scale_inverted_buggy(q, k, v, *, causal):
     """MaxText MLA before f1498e1: softmax_scale = qk_head_dim ** -0.5 and the attention divides the scores by
     it, i.e. multiplies them by sqrt(d) (training unstable). No rope scaling (mscale = 1)."""
     softmax_scale = q.shape[-1] ** -0.5
-    return _softmax_logits((q @ k.transpose(-1, -2)) / softmax_scale, v, causal)
+    return causal_softmax((q @ k.transpose(-1, -2)) / softmax_scale, v, causal)
 
 
 def maxtext1370_mla_scale_inverted_fixed(q, k, v, *, causal):
     """f1498e1 (as DeepSeek-V3's reference): the scores are multiplied by qk_head_dim ** -0.5."""
     softmax_scale = q.shape[-1] ** -0.5
-    return _softmax_logits((q @ k.transpose(-1, -2)) * softmax_scale, v, causal)
+    return causal_softmax((q @ k.transpose(-1, -2)) * softmax_scale, v, causal)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -229,7 +216,7 @@ def _flaggems_attn_fwd_inner(acc, l_i, m_i, q, k, v, offs_m, lo, hi, sm_scale, o
 
 def _flaggems_attention(q, k, v, causal, compounding):
     dtype = q.dtype
-    acc_t = _acc(q)
+    acc_t = acc_dtype(q)
     q, k, v = q.to(acc_t), k.to(acc_t), v.to(acc_t)
     n = q.shape[-2]
     sm_scale = q.shape[-1] ** -0.5
@@ -293,12 +280,12 @@ def xt244_custom_scale_dropped_fixed(q, k, v, *, causal):
 def tllm3_scale_embedding_size_buggy(q, k, v, *, causal):
     """Before the PR: attention weights = q k^T / sqrt(n_embed) with n_embed = heads * head_size."""
     n_embed = q.shape[1] * q.shape[-1]
-    return _softmax_logits((q @ k.transpose(-1, -2)) * n_embed**-0.5, v, causal)
+    return causal_softmax((q @ k.transpose(-1, -2)) * n_embed**-0.5, v, causal)
 
 
 def tllm3_scale_embedding_size_fixed(q, k, v, *, causal):
     """The PR (as torch's SDPA and the paper): q k^T / sqrt(head_size)."""
-    return _softmax_logits((q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5, v, causal)
+    return causal_softmax((q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5, v, causal)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -316,7 +303,7 @@ def vit2_scale_after_softmax_buggy(q, k, v, *, causal):
 
 def vit2_scale_after_softmax_fixed(q, k, v, *, causal):
     """Fixed: att = softmax(energy / scaling)."""
-    return _softmax_logits((q @ k.transpose(-1, -2)) / q.shape[-1] ** 0.5, v, False)
+    return causal_softmax((q @ k.transpose(-1, -2)) / q.shape[-1] ** 0.5, v, False)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -327,7 +314,7 @@ _LF_EPS = 1e-5
 
 
 def _norm_attention_numerator(q, k, v, causal):
-    acc = _acc(q)
+    acc = acc_dtype(q)
     fq, fk, va = _elu1(q.to(acc)), _elu1(k.to(acc)), v.to(acc)
     if causal:
         return _causal_numerator(fq, fk, va)
@@ -362,7 +349,7 @@ def _delta_rule(q, k, v, beta):
     """DeltaNet recurrence S_t = S_{t-1} + k_t (beta_t (v_t - S_{t-1}^T k_t))^T, o_t = S_t^T (q_t / sqrt(d_k)),
     in at least float32, on already-normalised q, k."""
     dtype = q.dtype
-    acc = _acc(q)
+    acc = acc_dtype(q)
     q, k, v, beta = q.to(acc), k.to(acc), v.to(acc), beta.to(acc)
     B, H, N, dk = q.shape
     scale = dk**-0.5
@@ -380,7 +367,7 @@ def mlxlm1624_l2norm_eps_on_mean_buggy(q, k, v, *, causal, beta):
     """mlx-lm kimi_linear before PR #1624: q, k normalised as mx.fast.rms_norm(x, None, 1e-6) / sqrt(D), i.e.
     x / sqrt(sum x^2 + D * 1e-6): the eps is D times the reference l2norm's (fla: x / sqrt(sum x^2 + 1e-6))."""
     d = q.shape[-1]
-    acc = _acc(q)
+    acc = acc_dtype(q)
     qn = (_rms_norm(q.to(acc), _L2_EPS) / math.sqrt(d)).to(q.dtype)
     kn = (_rms_norm(k.to(acc), _L2_EPS) / math.sqrt(d)).to(k.dtype)
     return _delta_rule(qn, kn, v, beta)
@@ -389,7 +376,7 @@ def mlxlm1624_l2norm_eps_on_mean_buggy(q, k, v, *, causal, beta):
 def mlxlm1624_l2norm_eps_on_mean_fixed(q, k, v, *, causal, beta):
     """PR #1624: eps = 1e-6 / head_dim, so rms_norm(x) / sqrt(D) = x / sqrt(sum x^2 + 1e-6) exactly."""
     d = q.shape[-1]
-    acc = _acc(q)
+    acc = acc_dtype(q)
     qn = (_rms_norm(q.to(acc), _L2_EPS / d) / math.sqrt(d)).to(q.dtype)
     kn = (_rms_norm(k.to(acc), _L2_EPS / d) / math.sqrt(d)).to(k.dtype)
     return _delta_rule(qn, kn, v, beta)

@@ -4,7 +4,8 @@ gramcheck's calling convention ``fn(q, k, v, *, causal, **extras)`` on (B, H, N,
 
 Every pair shares one code path and differs only by the flag that switches the reported bug on. The fixed
 twins compute in at least float32 (decays and cumulative log-decays in float64, as careful kernels do) and
-accept any float dtype, any B, H, N >= 1, d >= 1.
+accept any float dtype, any B, H, N >= 1, d >= 1. The pieces the bug-set modules share (the gated scan, the
+l2norm, the packed-sequence loop) are in benchmarks/bugset/common.py.
 """
 
 from __future__ import annotations
@@ -14,18 +15,9 @@ import math
 import torch
 
 from benchmarks.bugset.cases import Case
+from benchmarks.bugset.common import acc_dtype, as_output, gated_scan, l2norm_qk, per_sequence
 
 CHUNK = 64  # the chunk size of every chunked kernel here (fla's BT, vLLM's mamba chunk in the tests)
-
-
-def _acc(x: torch.Tensor) -> torch.dtype:
-    """Accumulation dtype: float32 for low-precision inputs, the input dtype otherwise."""
-    return torch.promote_types(x.dtype, torch.float32)
-
-
-def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """fla's l2norm: x / sqrt(sum x^2 + eps) over the last axis."""
-    return x / torch.sqrt((x * x).sum(-1, keepdim=True) + eps)
 
 
 # ======================================================================================================
@@ -35,7 +27,7 @@ def _retention_chunkwise(q, k, v, *, cross_reads_current: bool):
     """Chunkwise retention (chunks of 64): O_[i] = (Q K^T * D) V + (Q R_{i-1}) * xi,
     R_i = K^T (V * zeta) + gamma^L R_{i-1}, gamma_h = 1 - 2^(-5-h), Q scaled by d^-1/2."""
     B, H, N, d = q.shape
-    acc = _acc(q)
+    acc = acc_dtype(q)
     s = d**-0.5
     lg = torch.log1p(-torch.exp2(-5.0 - torch.arange(H, dtype=torch.float64)))  # log gamma_h, (H,)
     qa, ka, va = q.to(acc) * s, k.to(acc), v.to(acc)
@@ -71,32 +63,12 @@ def retnet_eq7_previous_chunk_state(q, k, v, *, causal):
 # 2. Mamba2 SSD, packed sequences with initial states: the initial state's decay at the first chunk
 #    boundary is taken from the chunk's start instead of the sequence's start (vLLM)
 # ======================================================================================================
-def _ssd_scan(q, k, v, g, s0):
-    """One batch of sequences, token by token: S_t = exp(g_t) S_{t-1} + k_t v_t^T, o_t = S_t^T q_t, from
-    S_0 = s0 (B, H, d_k, d_v) or 0. Returns (o, S_N)."""
-    B, H, N, dk = q.shape
-    acc = _acc(q)
-    qa, ka, va = q.to(acc), k.to(acc), v.to(acc)
-    alpha = torch.exp(g.to(torch.float64)).to(acc)
-    state = q.new_zeros(B, H, dk, v.shape[-1], dtype=acc) if s0 is None else s0.to(acc)
-    outs = []
-    for t in range(N):
-        state = alpha[:, :, t, None, None] * state + ka[:, :, t, :, None] * va[:, :, t, None, :]
-        outs.append((qa[:, :, t, None, :] @ state)[:, :, 0, :])
-    out = torch.stack(outs, dim=2)
-    return out, state
-
-
 def _mamba2(q, k, v, g, initial_state, output_final_state, cu_seqlens, *, chunk_start_decay: bool):
-    if cu_seqlens is None:
-        out, state = _ssd_scan(q, k, v, g, initial_state)
-        return (out.to(q.dtype), state) if output_final_state else out.to(q.dtype)
-    cu = [int(c) for c in torch.as_tensor(cu_seqlens).tolist()]
+    """Packed Mamba2 SSD (scale 1, D = 0), each sequence from its own initial state (gated_scan)."""
     g64 = g.to(torch.float64)
-    outs, finals = [], []
-    for j, (s, e) in enumerate(zip(cu[:-1], cu[1:], strict=True)):
-        s0 = None if initial_state is None else initial_state[j : j + 1]
-        out, state = _ssd_scan(q[:, :, s:e], k[:, :, s:e], v[:, :, s:e], g[:, :, s:e], s0)
+
+    def one(s, e, s0):  # tokens [s, e) of the pack (a whole batch: s = 0, which no chunk boundary moves)
+        out, state = gated_scan(q[:, :, s:e], k[:, :, s:e], v[:, :, s:e], g[:, :, s:e], s0)
         first_boundary = (s // CHUNK + 1) * CHUNK
         if chunk_start_decay and s0 is not None and s % CHUNK and e > first_boundary:
             # the state-passing step at the chunk boundary decays S_0 by exp(dA_cumsum[last]) measured from the
@@ -108,10 +80,10 @@ def _mamba2(q, k, v, g, initial_state, output_final_state, cu_seqlens, *, chunk_
             late = (torch.arange(s, e) >= first_boundary).to(acc)[None, None, :, None]
             out = out + late * (extra.to(acc)[..., None, None] - 1) * readout
             state = state + ((extra - 1) * torch.exp(b[..., -1])).to(acc)[..., None, None] * s0.to(acc)
-        outs.append(out)
-        finals.append(state)
-    out = torch.cat(outs, dim=2).to(q.dtype)
-    return (out, torch.cat(finals, dim=0)) if output_final_state else out
+        return out, state
+
+    out, state = per_sequence(one, q.shape[2], initial_state, cu_seqlens)
+    return as_output(out, state, q.dtype, output_final_state)
 
 
 def mamba2_varlen_decay_from_chunk_start(
@@ -133,7 +105,7 @@ def mamba2_varlen_decay_from_sequence_start(
 # ======================================================================================================
 def _rwkv6(q, k, v, g, u, initial_state, output_final_state, *, batch_offset: bool):
     B, H, N, dk = q.shape
-    acc = _acc(q)
+    acc = acc_dtype(q)
     r, ka, va = q.to(acc) * dk**-0.5, k.to(acc), v.to(acc)
     alpha = torch.exp(g.to(torch.float64)).to(acc)
     bonus = u.to(acc)[None, :, :, None]
@@ -148,8 +120,7 @@ def _rwkv6(q, k, v, g, u, initial_state, output_final_state, *, batch_offset: bo
         kv = ka[:, :, t, :, None] * va[:, :, t, None, :]
         outs.append((r[:, :, t, None, :] @ (state + bonus * kv))[:, :, 0, :])
         state = alpha[:, :, t, :, None] * state + kv
-    out = torch.stack(outs, dim=2).to(q.dtype)
-    return (out, state) if output_final_state else out
+    return as_output(torch.stack(outs, dim=2), state, q.dtype, output_final_state)
 
 
 def rwkv6_state_without_batch_offset(q, k, v, *, causal, g, u, initial_state=None, output_final_state=False):
@@ -166,17 +137,8 @@ def rwkv6_state_with_batch_offset(q, k, v, *, causal, g, u, initial_state=None, 
 # 4. GLA: fused_chunk_gla kept the (B, H, T, D) layout after callers moved to (B, T, H, D) (fla)
 # ======================================================================================================
 def _gla_recurrent(q, k, v, g):
-    """S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T, o_t = S_t^T q_t (scale 1.0, gate_tau 1)."""
-    B, H, N, dk = q.shape
-    acc = _acc(q)
-    qa, ka, va = q.to(acc), k.to(acc), v.to(acc)
-    alpha = torch.exp(g.to(torch.float64)).to(acc)
-    state = q.new_zeros(B, H, dk, v.shape[-1], dtype=acc)
-    outs = []
-    for t in range(N):
-        state = alpha[:, :, t, :, None] * state + ka[:, :, t, :, None] * va[:, :, t, None, :]
-        outs.append((qa[:, :, t, None, :] @ state)[:, :, 0, :])
-    return torch.stack(outs, dim=2).to(q.dtype)
+    """S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T, o_t = S_t^T q_t (scale 1.0, gate_tau 1) from S_0 = 0."""
+    return gated_scan(q, k, v, g)[0].to(q.dtype)
 
 
 def _gla_layout(q, k, v, g, *, time_and_heads_swapped: bool):
@@ -204,9 +166,8 @@ def _delta_wy(q, k, v, beta, *, drop_wy_key_grad: bool):
     (I + tril_-1(diag(beta) K K^T)) [U, W] = diag(beta) [V, K], Delta = U - W S,
     O = Q S + tril(Q K^T) Delta, S <- S + K^T Delta."""
     B, H, N, dk = q.shape
-    acc = _acc(q)
-    qa = _l2norm(q.to(acc)) * dk**-0.5
-    ka = _l2norm(k.to(acc))
+    acc = acc_dtype(q)
+    qa, ka = l2norm_qk(q, k)
     va, ba = v.to(acc), beta.to(acc)
     state = q.new_zeros(B, H, dk, v.shape[-1], dtype=acc)
     outs = []
@@ -242,9 +203,8 @@ def deltanet_wy_backward_complete(q, k, v, *, causal, beta):
 # ======================================================================================================
 def _gated_delta_wy(q, k, v, beta, g, *, multiply_mask: bool):
     B, H, N, dk = q.shape
-    acc = _acc(q)
-    qa = _l2norm(q.to(acc)) * dk**-0.5
-    ka = _l2norm(k.to(acc))
+    acc = acc_dtype(q)
+    qa, ka = l2norm_qk(q, k)
     va, ba = v.to(acc), beta.to(acc)
     g64 = g.to(torch.float64)
     state = q.new_zeros(B, H, dk, v.shape[-1], dtype=acc)
@@ -293,7 +253,7 @@ LINEAR_SCALE = 0.25  # the kernel's scale; gramcheck's linear-unnormalised with 
 def _linear_chunked(q, k, v, s):
     """o = tril((s Q) K^T) V by chunks of 64 with the state K^T V carried between chunks."""
     B, H, N, dk = q.shape
-    acc = _acc(q)
+    acc = acc_dtype(q)
     qa, ka, va = q.to(acc) * s, k.to(acc), v.to(acc)
     state = q.new_zeros(B, H, dk, v.shape[-1], dtype=acc)
     outs = []

@@ -16,22 +16,13 @@ import math
 import torch
 
 from benchmarks.bugset.cases import Case
+from benchmarks.bugset.common import acc_dtype, as_output, gated_scan, gdn_scan, l2norm_qk
 from gramcheck.properties import applicable
 from gramcheck.search import GRADIENT_PROPERTIES
 from gramcheck.variants.lightning import log_decays
 
 RWKV6_BT, RWKV6_BC = 64, 16  # fla chunk_rwkv6: chunks of 64 tokens, intra-chunk sub-chunks of 16
 LIGHTNING_BLOCK = 256  # lightning_attn2_parallel's BLOCK
-
-
-def _acc(x: torch.Tensor) -> torch.dtype:
-    """Accumulation dtype: float32 for low-precision inputs, the input dtype otherwise."""
-    return torch.promote_types(x.dtype, torch.float32)
-
-
-def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """fla's l2norm: x / sqrt(sum x^2 + eps) over the last axis."""
-    return x / torch.sqrt((x * x).sum(-1, keepdim=True) + eps)
 
 
 # ======================================================================================================
@@ -46,7 +37,7 @@ def _rwkv6_chunk(q, k, v, g, u, *, inclusive_reference: bool):
     which is b at the token before sub-chunk i (fixed: both exponents <= 0) or, with the bug, b at the
     sub-chunk's first token (its first row then has be_t - b_n = -g_t > 0). The bonus u enters the diagonal."""
     B, H, N, dk = q.shape
-    acc = _acc(q)
+    acc = acc_dtype(q)
     r, ka, va, ua = q.to(acc) * dk**-0.5, k.to(acc), v.to(acc), u.to(acc)
     g64 = g.to(torch.float64)
     state = q.new_zeros(B, H, dk, v.shape[-1], dtype=acc)
@@ -97,24 +88,13 @@ def _simple_gla_recurrent(q, k, v, g, initial_state, output_final_state, *, dg_d
     """S_t = exp(g_t) S_{t-1} + k_t v_t^T, o_t = S_t^T q_t (scale 1, g (B, H, N)): Mamba2 with D = 0.
     With the bug, the gradient of a loss on the final state S_N reaches g only through the keys' decays:
     dg_t misses sum(S_N * dS_N), the term of b_N = sum_t g_t, for every t (forward unchanged)."""
-    B, H, N, dk = q.shape
-    acc = _acc(q)
-    qa, ka, va = q.to(acc), k.to(acc), v.to(acc)
-    alpha = torch.exp(g.to(torch.float64)).to(acc)
-    state = q.new_zeros(B, H, dk, v.shape[-1], dtype=acc) if initial_state is None else initial_state.to(acc)
-    outs = []
-    for t in range(N):
-        state = alpha[:, :, t, None, None] * state + ka[:, :, t, :, None] * va[:, :, t, None, :]
-        outs.append((qa[:, :, t, None, :] @ state)[:, :, 0, :])
-    out = torch.stack(outs, dim=2).to(q.dtype)
-    if not output_final_state:
-        return out
-    if dg_drops_dht:
+    out, state = gated_scan(q, k, v, g, initial_state)
+    if output_final_state and dg_drops_dht:
         # adds 0 to S_N; its gradient subtracts sum(dS_N * S_N) from dg_t at every t: the kernel's missing
         # initialisation of b_dg from the final-state gradient
-        total = g.to(acc).sum(-1)[..., None, None]  # b_N per (batch, head)
+        total = g.to(acc_dtype(q)).sum(-1)[..., None, None]  # b_N per (batch, head)
         state = state + (total.detach() - total) * state.detach()
-    return out, state
+    return as_output(out, state, q.dtype, output_final_state)
 
 
 def simple_gla_dg_without_dht(q, k, v, *, causal, g, initial_state=None, output_final_state=False):
@@ -137,7 +117,7 @@ def _lightning_blocked(q, k, v, *, floor_blocks: bool):
     only the first n // 256 blocks are computed; the rows after them keep the output buffer's contents
     (torch.empty there; zeros here, for a deterministic twin)."""
     B, H, N, dk = q.shape
-    acc = _acc(q)
+    acc = acc_dtype(q)
     lg = torch.as_tensor(log_decays(H, 0, 2), dtype=torch.float64)[:, None, None]  # (H, 1, 1)
     qa, ka, va = q.to(acc) * dk**-0.5, k.to(acc), v.to(acc)
     out = q.new_zeros(B, H, N, v.shape[-1], dtype=acc)
@@ -174,23 +154,10 @@ def _gdn(q, k, v, g, beta, *, gate_is_linear: bool):
     """S_t = a_t S_{t-1} + beta_t k_t (v_t - a_t S_{t-1}^T k_t)^T, o_t = S_t^T (d^-1/2 q_t), l2-normalised q,
     k (eps 1e-6). The kernel forms log a_t itself: from g = log a_t (fixed) or as log(g), reading g as a_t
     (the bug: log of a negative log-decay is NaN, of 0 is -inf)."""
-    B, H, N, dk = q.shape
-    acc = _acc(q)
-    qa = _l2norm(q.to(acc)) * dk**-0.5
-    ka = _l2norm(k.to(acc))
-    va, ba = v.to(acc), beta.to(acc)
     g64 = g.to(torch.float64)
     log_a = torch.log(g64) if gate_is_linear else g64
-    alpha = torch.exp(log_a).to(acc)
-    state = q.new_zeros(B, H, dk, v.shape[-1], dtype=acc)
-    outs = []
-    for t in range(N):
-        state = alpha[:, :, t, None, None] * state
-        kt = ka[:, :, t]
-        delta = ba[:, :, t, None] * (va[:, :, t] - (kt[:, :, None, :] @ state)[:, :, 0, :])
-        state = state + kt[:, :, :, None] * delta[:, :, None, :]
-        outs.append((qa[:, :, t, None, :] @ state)[:, :, 0, :])
-    return torch.stack(outs, dim=2).to(q.dtype)
+    qa, ka = l2norm_qk(q, k)
+    return gdn_scan(qa, ka, v, log_a, beta)[0].to(q.dtype)
 
 
 def gdn_gate_read_as_linear(q, k, v, *, causal, g, beta):
@@ -226,9 +193,8 @@ def _gdn_factored(q, k, v, g, beta, *, guard: bool):
         chunk_decay = torch.cat([-torch.cumsum(g64[:, :, c0 : c0 + GDN_CHUNK], -1) for c0 in starts], -1)
         if float(chunk_decay.max()) > EXP_LIMIT:
             return _gdn(q, k, v, g, beta, gate_is_linear=False)
-    acc = _acc(q)
-    qa = _l2norm(q.to(acc)) * dk**-0.5
-    ka = _l2norm(k.to(acc))
+    acc = acc_dtype(q)
+    qa, ka = l2norm_qk(q, k)
     va, ba = v.to(acc), beta.to(acc)
     state = q.new_zeros(B, H, dk, v.shape[-1], dtype=acc)
     outs = []

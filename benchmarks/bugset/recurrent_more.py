@@ -13,15 +13,11 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.bugset.cases import Case
+from benchmarks.bugset.common import acc_dtype, as_output, gdn_scan, l2norm_qk, per_sequence
 
 SSD_CHUNK = 256  # transformers' Mamba2Config / BambaConfig default ``chunk_size``
 LINEAR_CHUNK = 64  # fla's BT
 MAMBA2_D = 1.0  # Mamba2's D skip (initialised to ones)
-
-
-def _acc(x: torch.Tensor) -> torch.dtype:
-    """Accumulation dtype: float32 for low-precision inputs, the input dtype otherwise."""
-    return torch.promote_types(x.dtype, torch.float32)
 
 
 # ======================================================================================================
@@ -35,7 +31,7 @@ def _ssd_torch_forward(q, k, v, g, initial_state, output_final_state, *, wrong_a
     recurrence over the chunk-boundary states (with the cached state as state 0), Y_off, + D x."""
     B, H, N, dk = q.shape
     dv = v.shape[-1]
-    acc = _acc(q)
+    acc = acc_dtype(q)
     L = SSD_CHUNK
     C = -(-N // L)
     pad = C * L - N
@@ -72,8 +68,7 @@ def _ssd_torch_forward(q, k, v, g, initial_state, output_final_state, *, wrong_a
     # 4. state -> output (off-diagonal blocks), then the D skip
     y_off = (qc * torch.exp(a_cs).to(acc)[..., None]) @ entering
     y = (y_diag + y_off).reshape(B, H, C * L, dv)[:, :, :N] + MAMBA2_D * va[:, :, :N]
-    out = y.to(q.dtype)
-    return (out, final) if output_final_state else out
+    return as_output(y, final, q.dtype, output_final_state)
 
 
 def mamba2_torch_forward_inter_chunk_wrong_axis(q, k, v, *, causal, g, initial_state=None, output_final_state=False):
@@ -103,41 +98,20 @@ def mamba2_cached_multi_token_seeded_state(q, k, v, *, causal, g, initial_state=
 def _gdn_recurrent(q, k, v, g, beta, s0):
     """fla's fused_recurrent_gated_delta_rule with use_qk_l2norm_in_kernel (eps 1e-6) and scale d^-1/2, one
     batch of sequences: S_t = a_t S_{t-1} + beta_t k_t (v_t - a_t S_{t-1}^T k_t)^T, o_t = S_t^T q_t."""
-    B, H, N, dk = q.shape
-    acc = _acc(q)
-    qa = q.to(acc)
-    qa = qa / torch.sqrt((qa * qa).sum(-1, keepdim=True) + 1e-6) * dk**-0.5
-    ka = k.to(acc)
-    ka = ka / torch.sqrt((ka * ka).sum(-1, keepdim=True) + 1e-6)
-    va, ba = v.to(acc), beta.to(acc)
-    alpha = torch.exp(g.to(torch.float64)).to(acc)
-    state = q.new_zeros(B, H, dk, v.shape[-1], dtype=acc) if s0 is None else s0.to(acc)
-    outs = []
-    for t in range(N):
-        state = alpha[:, :, t, None, None] * state
-        kt = ka[:, :, t]
-        delta = ba[:, :, t, None] * (va[:, :, t] - (kt[:, :, None, :] @ state)[:, :, 0, :])
-        state = state + kt[:, :, :, None] * delta[:, :, None, :]
-        outs.append((qa[:, :, t, None, :] @ state)[:, :, 0, :])
-    return torch.stack(outs, dim=2), state
+    qa, ka = l2norm_qk(q, k)
+    return gdn_scan(qa, ka, v, g, beta, s0)
 
 
 def _gdn_layer(q, k, v, g, beta, initial_state, output_final_state, cu_seqlens, *, forward_cu_seqlens: bool):
     if cu_seqlens is None or not forward_cu_seqlens:
         # without cu_seqlens the kernel sees one sequence of B = 1 rows (the whole pack) and one state
-        s0 = None if initial_state is None else initial_state[: q.shape[0]]
-        out, state = _gdn_recurrent(q, k, v, g, beta, s0)
-        out = out.to(q.dtype)
-        return (out, state) if output_final_state else out
-    cu = [int(c) for c in torch.as_tensor(cu_seqlens).tolist()]
-    outs, finals = [], []
-    for j, (s, e) in enumerate(zip(cu[:-1], cu[1:], strict=True)):
-        s0 = None if initial_state is None else initial_state[j : j + 1]
-        out, state = _gdn_recurrent(q[:, :, s:e], k[:, :, s:e], v[:, :, s:e], g[:, :, s:e], beta[:, :, s:e], s0)
-        outs.append(out)
-        finals.append(state)
-    out = torch.cat(outs, dim=2).to(q.dtype)
-    return (out, torch.cat(finals, dim=0)) if output_final_state else out
+        cu_seqlens = None
+        initial_state = None if initial_state is None else initial_state[: q.shape[0]]
+    out, state = per_sequence(
+        lambda s, e, s0: _gdn_recurrent(q[:, :, s:e], k[:, :, s:e], v[:, :, s:e], g[:, :, s:e], beta[:, :, s:e], s0),
+        q.shape[2], initial_state, cu_seqlens,
+    )
+    return as_output(out, state, q.dtype, output_final_state)
 
 
 def gdn_packed_without_cu_seqlens(

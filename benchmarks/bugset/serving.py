@@ -17,15 +17,11 @@ from __future__ import annotations
 import torch
 
 from benchmarks.bugset.cases import Case
+from benchmarks.bugset.common import as_output, gated_scan, gdn_scan, l2norm_qk, per_sequence
 
 TRACK_CHUNK = 64  # SGLang's mamba_cache_chunk_size as this re-implementation takes it (the track-mask threshold)
 HF_CHUNK = 64  # transformers' torch_chunk_gated_delta_rule chunk_size
 PREFILL_CHUNK = 32  # the chunk C of the CUDA prefill kernel (sparkinfer's pf_gdnc_scan_kernel)
-
-
-def _acc(x: torch.Tensor) -> torch.dtype:
-    """Accumulation dtype: float32 for low-precision inputs, the input dtype otherwise."""
-    return torch.promote_types(x.dtype, torch.float32)
 
 
 def _fla_l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -33,57 +29,9 @@ def _fla_l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
 
 
-def _ssd_scan(q, k, v, g, s0):
-    """Mamba2 SSD token by token (C = q, B = k, x dt = v, dA = g, scale 1, D = 0):
-    S_t = exp(g_t) S_{t-1} + k_t v_t^T, o_t = S_t^T q_t, from S_0 = s0 or 0. Returns (o, S_N) in acc."""
-    B, H, N, dk = q.shape
-    acc = _acc(q)
-    qa, ka, va = q.to(acc), k.to(acc), v.to(acc)
-    alpha = torch.exp(g.to(torch.float64)).to(acc)
-    state = q.new_zeros(B, H, dk, v.shape[-1], dtype=acc) if s0 is None else s0.to(acc)
-    outs = []
-    for t in range(N):
-        state = alpha[:, :, t, None, None] * state + ka[:, :, t, :, None] * va[:, :, t, None, :]
-        outs.append((qa[:, :, t, None, :] @ state)[:, :, 0, :])
-    return torch.stack(outs, dim=2), state
-
-
-def _gdn_scan(q, k, v, g, beta, s0):
-    """Gated delta rule token by token on q, k already normalised and scaled:
-    S_t = a_t S_{t-1} + beta_t k_t (v_t - a_t S_{t-1}^T k_t)^T, o_t = S_t^T q_t. Returns (o, S_N)."""
-    B, H, N, dk = q.shape
-    acc = q.dtype
-    alpha = torch.exp(g.to(torch.float64)).to(acc)
-    ba = beta.to(acc)
-    state = q.new_zeros(B, H, dk, v.shape[-1]) if s0 is None else s0.to(acc)
-    outs = []
-    for t in range(N):
-        state = alpha[:, :, t, None, None] * state
-        kt = k[:, :, t]
-        delta = ba[:, :, t, None] * (v[:, :, t] - (kt[:, :, None, :] @ state)[:, :, 0, :])
-        state = state + kt[:, :, :, None] * delta[:, :, None, :]
-        outs.append((q[:, :, t, None, :] @ state)[:, :, 0, :])
-    return torch.stack(outs, dim=2), state
-
-
 def _gdn_qk(q, k):
-    """fla's use_qk_l2norm_in_kernel in at least float32, q scaled by d^-1/2."""
-    acc = _acc(q)
-    dk = q.shape[-1]
-    return _fla_l2norm(q.to(acc)) * dk**-0.5, _fla_l2norm(k.to(acc))
-
-
-def _sequences(cu_seqlens, n_tokens):
-    """[(start, end)] of the packed sequences, or None for a plain batch."""
-    if cu_seqlens is None:
-        return None
-    cu = [int(c) for c in torch.as_tensor(cu_seqlens).tolist()]
-    return list(zip(cu[:-1], cu[1:], strict=True))
-
-
-def _finish(out, finals, q, output_final_state):
-    out = out.to(q.dtype)
-    return (out, finals) if output_final_state else out
+    """fla's use_qk_l2norm_in_kernel in at least float32 with this module's rsqrt l2norm, q scaled by d^-1/2."""
+    return l2norm_qk(q, k, _fla_l2norm)
 
 
 # ======================================================================================================
@@ -93,17 +41,11 @@ def _mamba2_vllm_batch(q, k, v, g, initial_state, output_final_state, cu_seqlens
     if single_drops_state and initial_state is not None and initial_state.shape[0] == 1:
         # "no in this case no point to use initial states": one prefill sequence is run from zeros
         initial_state = None
-    seqs = _sequences(cu_seqlens, q.shape[2])
-    if seqs is None:
-        out, state = _ssd_scan(q, k, v, g, initial_state)
-        return _finish(out, state, q, output_final_state)
-    outs, finals = [], []
-    for j, (s, e) in enumerate(seqs):
-        s0 = None if initial_state is None else initial_state[j : j + 1]
-        out, state = _ssd_scan(q[:, :, s:e], k[:, :, s:e], v[:, :, s:e], g[:, :, s:e], s0)
-        outs.append(out)
-        finals.append(state)
-    return _finish(torch.cat(outs, dim=2), torch.cat(finals, dim=0), q, output_final_state)
+    out, state = per_sequence(
+        lambda s, e, s0: gated_scan(q[:, :, s:e], k[:, :, s:e], v[:, :, s:e], g[:, :, s:e], s0),
+        q.shape[2], initial_state, cu_seqlens,
+    )
+    return as_output(out, state, q.dtype, output_final_state)
 
 
 def mamba2_vllm_single_prefill_drops_initial_state(
@@ -129,17 +71,11 @@ def _mamba2_sglang_extend(q, k, v, g, initial_state, output_final_state, cu_seql
         tracked = length >= TRACK_CHUNK  # mamba_track_mask: the extend is long enough to snapshot a state
         return None if s0 is None or (gate_on_track and not tracked) else s0
 
-    seqs = _sequences(cu_seqlens, q.shape[2])
-    if seqs is None:
-        out, state = _ssd_scan(q, k, v, g, seeded(initial_state, q.shape[2]))
-        return _finish(out, state, q, output_final_state)
-    outs, finals = [], []
-    for j, (s, e) in enumerate(seqs):
-        s0 = None if initial_state is None else initial_state[j : j + 1]
-        out, state = _ssd_scan(q[:, :, s:e], k[:, :, s:e], v[:, :, s:e], g[:, :, s:e], seeded(s0, e - s))
-        outs.append(out)
-        finals.append(state)
-    return _finish(torch.cat(outs, dim=2), torch.cat(finals, dim=0), q, output_final_state)
+    out, state = per_sequence(
+        lambda s, e, s0: gated_scan(q[:, :, s:e], k[:, :, s:e], v[:, :, s:e], g[:, :, s:e], seeded(s0, e - s)),
+        q.shape[2], initial_state, cu_seqlens,
+    )
+    return as_output(out, state, q.dtype, output_final_state)
 
 
 def mamba2_sglang_short_extend_blank_state(
@@ -167,41 +103,35 @@ def _gdn_pcp_one(qn, kn, v, g, beta, s0, *, double_counts_s0: bool):
     va = v.to(acc)
     s0a = None if s0 is None else s0.to(acc)
     if N < 2:  # one rank holds every token: nothing to stitch
-        return _gdn_scan(qn, kn, va, g, beta, s0a)
+        return gdn_scan(qn, kn, va, g, beta, s0a)
     m = (N + 1) // 2
     parts = [slice(0, m), slice(m, N)]
     # every rank runs its tokens from the request's cached state s0: all_final[i] = Phi_i s0 + p_i
-    all_final = [_gdn_scan(qn[:, :, p], kn[:, :, p], va[:, :, p], g[:, :, p], beta[:, :, p], s0a)[1] for p in parts]
+    all_final = [gdn_scan(qn[:, :, p], kn[:, :, p], va[:, :, p], g[:, :, p], beta[:, :, p], s0a)[1] for p in parts]
     base = torch.zeros_like(all_final[0]) if s0a is None else s0a
 
     def h_update(p, x):  # Phi_i x: the rank's transition product applied to x (the homogeneous recurrence)
-        return _gdn_scan(qn[:, :, p], kn[:, :, p], torch.zeros_like(va[:, :, p]), g[:, :, p], beta[:, :, p], x)[1]
+        return gdn_scan(qn[:, :, p], kn[:, :, p], torch.zeros_like(va[:, :, p]), g[:, :, p], beta[:, :, p], x)[1]
 
     correct0 = all_final[0]
     carried = correct0 if double_counts_s0 else correct0 - base
     final = all_final[1] + h_update(parts[1], carried)
     # rank 1 reruns its tokens from updated_state[0] = correct0 for its outputs (right for two ranks)
-    out0, _ = _gdn_scan(qn[:, :, parts[0]], kn[:, :, parts[0]], va[:, :, parts[0]], g[:, :, parts[0]],
+    out0, _ = gdn_scan(qn[:, :, parts[0]], kn[:, :, parts[0]], va[:, :, parts[0]], g[:, :, parts[0]],
                         beta[:, :, parts[0]], s0a)
-    out1, _ = _gdn_scan(qn[:, :, parts[1]], kn[:, :, parts[1]], va[:, :, parts[1]], g[:, :, parts[1]],
+    out1, _ = gdn_scan(qn[:, :, parts[1]], kn[:, :, parts[1]], va[:, :, parts[1]], g[:, :, parts[1]],
                         beta[:, :, parts[1]], correct0)
     return torch.cat([out0, out1], dim=2), final
 
 
 def _gdn_pcp(q, k, v, g, beta, initial_state, output_final_state, cu_seqlens, *, double_counts_s0: bool):
     qn, kn = _gdn_qk(q, k)
-    seqs = _sequences(cu_seqlens, q.shape[2])
-    if seqs is None:
-        out, state = _gdn_pcp_one(qn, kn, v, g, beta, initial_state, double_counts_s0=double_counts_s0)
-        return _finish(out, state, q, output_final_state)
-    outs, finals = [], []
-    for j, (s, e) in enumerate(seqs):
-        s0 = None if initial_state is None else initial_state[j : j + 1]
-        out, state = _gdn_pcp_one(qn[:, :, s:e], kn[:, :, s:e], v[:, :, s:e], g[:, :, s:e], beta[:, :, s:e], s0,
-                                  double_counts_s0=double_counts_s0)
-        outs.append(out)
-        finals.append(state)
-    return _finish(torch.cat(outs, dim=2), torch.cat(finals, dim=0), q, output_final_state)
+    out, state = per_sequence(
+        lambda s, e, s0: _gdn_pcp_one(qn[:, :, s:e], kn[:, :, s:e], v[:, :, s:e], g[:, :, s:e], beta[:, :, s:e], s0,
+                                      double_counts_s0=double_counts_s0),
+        q.shape[2], initial_state, cu_seqlens,
+    )
+    return as_output(out, state, q.dtype, output_final_state)
 
 
 def stitching_cancels(log_decay: float = -10.0) -> float:
@@ -292,26 +222,16 @@ def _chunk_gated_delta(q, k, v, g, beta, s0, chunk, *, tail_glast_zero: bool = F
 #    l2norm x * rsqrt(sum x^2 + 1e-6) (transformers#40842)
 # ======================================================================================================
 def _hf_gdn(q, k, v, g, beta, initial_state, output_final_state, cu_seqlens, *, torch_normalize: bool):
-    acc = _acc(q)
-    dk = q.shape[-1]
     if torch_normalize:  # x / max(|x|, 1e-12): no epsilon under the root
-        qn = torch.nn.functional.normalize(q.to(acc), p=2, dim=-1)
-        kn = torch.nn.functional.normalize(k.to(acc), p=2, dim=-1)
+        qn, kn = l2norm_qk(q, k, lambda x: torch.nn.functional.normalize(x, p=2, dim=-1))
     else:
-        qn, kn = _fla_l2norm(q.to(acc)), _fla_l2norm(k.to(acc))
-    qn = qn * dk**-0.5
-    seqs = _sequences(cu_seqlens, q.shape[2])
-    if seqs is None:
-        out, state = _chunk_gated_delta(qn, kn, v, g, beta, initial_state, HF_CHUNK)
-        return _finish(out, state, q, output_final_state)
-    outs, finals = [], []
-    for j, (s, e) in enumerate(seqs):
-        s0 = None if initial_state is None else initial_state[j : j + 1]
-        out, state = _chunk_gated_delta(qn[:, :, s:e], kn[:, :, s:e], v[:, :, s:e], g[:, :, s:e], beta[:, :, s:e],
-                                        s0, HF_CHUNK)
-        outs.append(out)
-        finals.append(state)
-    return _finish(torch.cat(outs, dim=2), torch.cat(finals, dim=0), q, output_final_state)
+        qn, kn = l2norm_qk(q, k, _fla_l2norm)
+    out, state = per_sequence(
+        lambda s, e, s0: _chunk_gated_delta(qn[:, :, s:e], kn[:, :, s:e], v[:, :, s:e], g[:, :, s:e],
+                                            beta[:, :, s:e], s0, HF_CHUNK),
+        q.shape[2], initial_state, cu_seqlens,
+    )
+    return as_output(out, state, q.dtype, output_final_state)
 
 
 def qwen3_next_torch_gdn_f_normalize(
@@ -334,19 +254,12 @@ def qwen3_next_torch_gdn_fla_l2norm(
 # ======================================================================================================
 def _gdn_prefill(q, k, v, g, beta, initial_state, output_final_state, cu_seqlens, *, tail_glast_zero: bool):
     qn, kn = _gdn_qk(q, k)
-    seqs = _sequences(cu_seqlens, q.shape[2])
-    if seqs is None:
-        out, state = _chunk_gated_delta(qn, kn, v, g, beta, initial_state, PREFILL_CHUNK,
-                                        tail_glast_zero=tail_glast_zero)
-        return _finish(out, state, q, output_final_state)
-    outs, finals = [], []
-    for j, (s, e) in enumerate(seqs):
-        s0 = None if initial_state is None else initial_state[j : j + 1]
-        out, state = _chunk_gated_delta(qn[:, :, s:e], kn[:, :, s:e], v[:, :, s:e], g[:, :, s:e], beta[:, :, s:e],
-                                        s0, PREFILL_CHUNK, tail_glast_zero=tail_glast_zero)
-        outs.append(out)
-        finals.append(state)
-    return _finish(torch.cat(outs, dim=2), torch.cat(finals, dim=0), q, output_final_state)
+    out, state = per_sequence(
+        lambda s, e, s0: _chunk_gated_delta(qn[:, :, s:e], kn[:, :, s:e], v[:, :, s:e], g[:, :, s:e],
+                                            beta[:, :, s:e], s0, PREFILL_CHUNK, tail_glast_zero=tail_glast_zero),
+        q.shape[2], initial_state, cu_seqlens,
+    )
+    return as_output(out, state, q.dtype, output_final_state)
 
 
 def gdn_prefill_tail_chunk_glast_zero(
@@ -369,7 +282,7 @@ def gdn_prefill_tail_chunk_glast_real(
 # ======================================================================================================
 def _gdn_plain(q, k, v, g, beta):
     qn, kn = _gdn_qk(q, k)
-    out, _ = _gdn_scan(qn, kn, v.to(qn.dtype), g, beta, None)
+    out, _ = gdn_scan(qn, kn, v.to(qn.dtype), g, beta, None)
     return out.to(q.dtype)
 
 
