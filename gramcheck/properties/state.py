@@ -40,7 +40,6 @@ from ..targets import Target
 from .base import arrays_of, guarded
 from .invariants import _rng
 
-
 ACCUMULATOR = "float32"  # the least precision a kernel accumulates in (fla's kernels; tensor cores)
 
 
