@@ -298,15 +298,60 @@ def _elu_with_one_underflowing_key(dq_factor: float = 1.0):
 
 def test_an_entry_the_definition_does_not_compute_in_the_dtype_leaves_the_others_judged():
     """Row 0's 0/0 makes the float16 definition's gradient NaN at dq_0, at dk_0 and at every dv (through the state's
-    gradient): such entries have no yardstick and are counted, not judged (the builtin returns NaN there too, as
-    the forward's uncertifiable entries). They no longer make the whole tensor's yardstick infinite: a dq 10% off
-    on rows 1 and 2 passed before (a NaN yardstick), and fails now."""
+    gradient): such entries have no yardstick and are counted. The builtin's forward is that same 0/0 at row 0 (as
+    the definition's, which agreement leaves unjudged), so its NaN gradients there are excused. They no longer make
+    the whole tensor's yardstick infinite: a dq 10% off on rows 1 and 2 passed before (a NaN yardstick), and fails
+    now."""
     ex, t = _elu_with_one_underflowing_key()
     f = backward_agreement(t, ex, causal=True)
     assert f.passed and f.details["no_yardstick_entries"] == {"dq": 2, "dk": 2, "dv": 6}, f.details
-    assert "not judged" in f.details["note"]
+    assert "no standard algorithm computes" in f.details["note"]
     ex, wrong = _elu_with_one_underflowing_key(1.1)
     assert backward_agreement(wrong, ex, causal=True).measured > 1
+
+
+def test_a_nan_gradient_where_only_the_dtypes_definition_overflows_fails():
+    """gla, float16, |q| = |k| = 300, N = 4, d = 2 (a review's input): the float16 definition's dv is NaN (inf - inf)
+    at two entries whose exact values, 85.09 and 477.8, are in range, and which the builtin computes (85.06,
+    477.75); the forward is finite. Those entries have no yardstick, and a backward returning NaN there passed as
+    "not computed by the dtype": it fails now (no forward 0/0 excuses it), as does 10 times the value (the worst
+    case of a float32 accumulation of the entry's terms judges it); the builtin passes."""
+    from gramcheck import variants
+    from gramcheck.inputs import draw_extras
+    from gramcheck.precision import round_to
+    from gramcheck.strategies import AttentionInputs
+    from gramcheck.targets import Target
+
+    rng = np.random.default_rng(1)
+    q = np.full((1, 1, 4, 2), 300.0)
+    k = q * rng.choice([-1, 1], (1, 1, 4, 2))
+    v = rng.standard_normal((1, 1, 4, 2)) * 1e-3
+    dims = {"B": 1, "H": 1, "N": 4, "dk": 2, "dv": 2}
+    g = draw_extras(variants.get("gla").inputs, dims, dtype="float16", seed=0, regimes={"g": "long-memory"})
+    ex = AttentionInputs(*(round_to(x, "float16") for x in (q, k, v)), g, "large-magnitude", "float16", {})
+    t = builtin("gla", dtype="float16")
+    f = backward_agreement(t, ex, causal=True)
+    assert f.passed and f.details["no_yardstick_entries"].get("dv") == 2, f.details
+    blind = torch.zeros(1, 1, 4, 2, dtype=torch.bool)
+    blind[0, 0, 0] = True
+
+    def at_blind(change):
+        class F(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x):
+                return x.clone()
+
+            @staticmethod
+            def backward(ctx, grad):
+                return torch.where(blind, change(grad), grad)
+
+        def fn(q, k, v, *, causal, **kw):
+            return t.fn(q, k, F.apply(v), causal=causal, **kw)
+
+        return Target(fn, "gla", dtype="float16", name="dv changed at the blind entries")
+
+    assert backward_agreement(at_blind(lambda x: x * float("nan")), ex, causal=True).measured == np.inf
+    assert backward_agreement(at_blind(lambda x: x * 10), ex, causal=True).measured > 1
 
 
 def test_a_gradient_in_float32s_subnormals_is_allowed_their_spacing():

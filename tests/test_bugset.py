@@ -45,6 +45,7 @@ def test_a_flaw_of_an_upstream_fix_is_shown_not_asserted(case):
     """A fixed twin reported as failing through its upstream fix's own flaw (``Case.flaw``) must show that flaw
     directly, outside gramcheck, or run.py would hide a false alarm as a flaw."""
     assert case.shows_flaw is not None and case.shows_flaw(), case.id
+    assert case.flaw_properties, case.id  # what the flaw fails: any other failure of the twin is a false alarm
 
 
 def test_cases_with_their_own_properties_name_known_ones():
@@ -52,3 +53,14 @@ def test_cases_with_their_own_properties_name_known_ones():
 
     for c in CASES:
         assert c.properties is None or set(c.properties) <= set(names()), c.id
+
+
+def test_a_fixed_twin_failing_beyond_its_flaw_is_a_false_alarm():
+    from benchmarks.bugset.run import fails_through_its_flaw
+
+    case = next(c for c in CASES if c.flaw_properties == ("causality",))
+    run = {"error": None, "cpu_s": 1.0}
+    assert fails_through_its_flaw(case, [{**run, "failed": ["causality inf/1"]}])
+    assert not fails_through_its_flaw(case, [{**run, "failed": ["causality inf/1", "agreement 37/1"]}])
+    assert not fails_through_its_flaw(case, [{**run, "failed": []}])
+    assert not fails_through_its_flaw(case, [{**run, "failed": ["causality inf/1"], "error": "ValueError: x"}])

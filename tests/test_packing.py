@@ -151,3 +151,41 @@ def test_the_packed_gradients_yardstick_skips_entries_the_definition_does_not_co
     naive = np.array([1.001, np.nan, 3.01, np.inf])
     assert _naive_error(naive, ref, "float16") == pytest.approx(0.01)
     assert _naive_error(np.array([1.001, 2.0, -np.inf, np.inf]), ref, "float16") == pytest.approx(0.001)
+
+
+def test_a_shared_inputs_packed_gradient_is_summed_over_the_sequences_in_float32():
+    """rwkv6, float16, outliers, four packed sequences (the packing sweep's seed 2): du sums every token of every
+    sequence; one entry's exact value is -61952, in float16's range, and the builtin's packed backward returned
+    -inf there (and at -55374, whose second sequence's part alone is -84562). Each sequence cast the shared u to
+    float32 on its own, so autograd summed the sequences' float16 gradients in float16 (-52800 - 13256
+    overflows), which the old yardstick (inf, from one NaN of the naive gradient) passed. Shared inputs now reach
+    every sequence as one float32 copy (``Variant.torch``): the packed du is finite wherever the exact one is in
+    range, and packing passes."""
+    from pathlib import Path
+
+    from gramcheck.precision import round_to
+    from gramcheck.properties.backward import definition_gradients, differentiable
+    from gramcheck.properties.invariants import _rng
+    from gramcheck.properties.packing import _packed_gradients, _segment, initial_state_of, packing
+    from gramcheck.strategies import AttentionInputs
+    from gramcheck.targets import builtin
+
+    data = np.load(Path(__file__).parent / "data" / "rwkv6_f16_packed_shared_u.npz")
+    a = {n: x.astype(np.float64) for n, x in data.items()}
+    ex = AttentionInputs(a.pop("q"), a.pop("k"), a.pop("v"), a, "outliers", "float16", {})
+    t = builtin("rwkv6", dtype="float16")
+    assert packing(t, ex, causal=True).passed
+    cu = np.array([0, 16, 32, 64, 71])
+    segs = [_segment(ex, int(x), int(y)) for x, y in zip(cu[:-1], cu[1:], strict=True)]
+    s0s = [initial_state_of(t, s, f"pack{i}") for i, s in enumerate(segs)]
+    w = round_to(_rng(ex, "pack-w").standard_normal(ex.v.shape), "float16")
+    names = differentiable(t, ex)
+    packed = _packed_gradients(t, {"q": ex.q, "k": ex.k, "v": ex.v, **ex.extras}, names, w, cu, s0s, causal=True)
+    exact = sum(
+        definition_gradients(t, {"q": s.q, "k": s.k, "v": s.v, **s.extras, "initial_state": s0s[i]}, names,
+                             w[:, :, cu[i] : cu[i + 1]], np.zeros_like(s0s[i]), causal=True, dtype="float64")["u"]
+        for i, s in enumerate(segs)
+    )  # fmt: skip
+    in_range = np.abs(exact) < 65504
+    assert np.any(np.abs(exact[in_range]) > 6e4)  # the input reaches near the threshold
+    assert np.all(np.isfinite(packed["u"][in_range]))

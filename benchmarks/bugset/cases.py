@@ -22,8 +22,9 @@ class Case:
     ``properties``: the properties a user of the upstream code runs, where not every default one (an
     inference-only op has no backward); None: the default check. ``flaw``: where the upstream fix itself
     breaks a property gramcheck checks, what it breaks, with ``shows_flaw`` computing it directly on the
-    fixed twin (tests/test_bugset.py runs it); a fixed twin failing with a flaw so shown is reported apart
-    from the false alarms, never counted as caught or hidden."""
+    fixed twin (tests/test_bugset.py runs it) and ``flaw_properties`` the properties it fails; a fixed twin
+    failing those properties alone is reported apart from the false alarms (any other failure is one), never
+    counted as caught or hidden."""
 
     id: str
     source: str
@@ -39,3 +40,4 @@ class Case:
     properties: tuple[str, ...] | None = None
     flaw: str = ""
     shows_flaw: Callable[[], bool] | None = None
+    flaw_properties: tuple[str, ...] = ()

@@ -332,6 +332,7 @@ CASES = [
             "to the recurrence and past outputs move by rounding (guard_reads_the_future)"
         ),
         shows_flaw=guard_reads_the_future,
+        flaw_properties=("causality",),
         # trigger: a cumulative log-decay below -88.7 inside one chunk of 32 in float32 (e.g. g = -3 per
         # token over 30 tokens, or one extreme gate)
     ),

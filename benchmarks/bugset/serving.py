@@ -373,6 +373,7 @@ CASES = [
             "(stitching_cancels)"
         ),
         shows_flaw=lambda: stitching_cancels() > 1e-4,
+        flaw_properties=("state-agreement", "state-split"),
         # trigger: output_final_state with a nonzero initial state and N >= 2 (the final state only)
     ),
     Case(

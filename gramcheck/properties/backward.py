@@ -21,15 +21,16 @@ targets; float64 targets are left to gradcheck.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
 
-from ..agreement import output_distance
+from ..agreement import naive_definition, output_distance
 from ..autodiff import TorchDefinition
 from ..findings import Finding
 from ..gradient_terms import TermArith
-from ..precision import gamma_tilde, overflow_threshold, round_to, smallest_subnormal, unit_roundoff
+from ..precision import gamma, gamma_tilde, overflow_threshold, round_to, smallest_subnormal, unit_roundoff
 from ..strategies import AttentionInputs
 from ..targets import Target
 from .base import guarded
@@ -250,6 +251,25 @@ def _judge_gradients(
     underflow = length * smallest_subnormal(ACCUMULATOR) + smallest_subnormal(target.dtype)
     parts: dict[str, Any] = {}
     no_yardstick: dict[str, int] = {}
+
+    @functools.cache
+    def nan_forward() -> np.ndarray:
+        """The (batch, head) slices where the target's forward output and the definition's in the dtype are both
+        non-finite at a row whose exact output is finite (the forward's own 0/0, which agreement leaves
+        unjudged): there a non-finite gradient is that NaN's autograd, not the backward's failure."""
+        kw = {**target.params, **ex.extras}
+        out = np.asarray(target(ex.q, ex.k, ex.v, causal=causal, **ex.extras), dtype=np.float64)
+        mine = naive_definition(target.variant, ex.q, ex.k, ex.v, causal=causal, dtype=target.dtype, **kw)
+        exact = target.reference(ex.q, ex.k, ex.v, causal=causal, **ex.extras)
+        both = ~np.isfinite(out) & ~np.isfinite(mine) & np.isfinite(exact)
+        return np.any(both, axis=(-2, -1))
+
+    def excused(name: str) -> np.ndarray:
+        """``nan_forward`` broadcast over a gradient's (batch, head) slices; nothing for the batch-free ones."""
+        g = ref[name]
+        if name == "initial_state" or (g.ndim >= 3 and g.shape[:2] == ex.q.shape[:2]):
+            return np.broadcast_to(nan_forward().reshape(nan_forward().shape + (1,) * (g.ndim - 2)), g.shape)
+        return np.broadcast_to(np.any(nan_forward()), g.shape)
     naive_err, scales = {}, {}
     unjudged: list[str] = []
     in_norm: list[str] = []
@@ -263,20 +283,19 @@ def _judge_gradients(
         # distance to the nearest value that rounds to it (``agreement.output_distance``), and left out of the
         # yardstick, whose own inf there says nothing of rounding (gla's dg of 2.8e5 in float16)
         past = np.abs(ref[n]) >= overflow_threshold(target.dtype)
-        # an entry whose gradient the definition in the dtype does not compute (features underflowing to 0/0 in
-        # float16) has no yardstick, as the forward's uncertifiable entries: counted, not judged, and left out of
-        # the tensor's yardstick, which a single NaN there made infinite for every entry
-        blind = ~np.isfinite(naive[0][n]) & ~past
+        # an entry no standard algorithm computes in the dtype (the definition's intermediates overflow, or its
+        # features underflow to 0/0) gives no yardstick: each algorithm's yardstick is taken over the entries it
+        # computes (one NaN made the whole tensor's yardstick infinite, and any finite error passed), and such
+        # entries are held to the worst case of an accumulation of n terms in the dtype instead (``no_yardstick``)
+        computed = [{n: np.where(np.isfinite(g[n]), g[n], ref[n])} for g in naive]
+        blind = functools.reduce(np.logical_and, [~np.isfinite(g[n]) for g in naive]) & ~past
         if blind.any():
             no_yardstick[f"d{n}"] = int(blind.sum())
-            if blind.all():
-                continue
-        skip = past | blind
 
-        def within(size: Any, skip: np.ndarray = skip) -> Any:
-            return lambda d: size(np.where(skip, 0.0, d))
+        def within(size: Any, past: np.ndarray = past) -> Any:
+            return lambda d: size(np.where(past, 0.0, d))
 
-        e_n = yardstick_error(naive, ref, n, within(_largest))
+        e_n = yardstick_error(computed, ref, n, within(_largest))
         largest = float(np.max(np.abs(ref[n]), initial=0.0))
         natural = sensitivity / size[n] if size[n] > 0 else 0.0
         own_size = largest if largest > CANCELLED * natural else natural  # natural where G*_x cancels to 0
@@ -285,9 +304,12 @@ def _judge_gradients(
             scale = np.maximum(scale, log_decay_terms(arrays, ref, n))
         floor = floor_rel * scale + underflow
         naive_err[f"d{n}"], scales[f"d{n}"] = e_n, float(np.max(scale))
-        err = np.where(blind, 0.0, output_distance(got[n], ref[n], target.dtype))
+        err = np.where(np.isnan(got[n]), np.inf, output_distance(got[n], ref[n], target.dtype))
+        if blind.any():
+            err = np.where(blind & excused(n), 0.0, err)
         if float(np.max(floor)) < own_size:
-            parts[f"d{n}"] = (np.where(np.isnan(err), np.inf, err), BACKWARD_K * e_n + floor)
+            bound = np.where(blind, BACKWARD_K * gamma(length, ACCUMULATOR) * scale, BACKWARD_K * e_n) + floor
+            parts[f"d{n}"] = (err, bound)
             continue
         # the floor alone admits an error as large as the gradient. Through contracting transitions T is
         # the size of an expansion no backward forms, and roundings stay relative to the values: judge the
@@ -296,6 +318,9 @@ def _judge_gradients(
         # cancel) the roundings follow the terms: not judged.
         own_norm = frobenius(ref[n]) if largest > CANCELLED * natural and contracting else 0.0
         scale_norm = max(own_norm, natural * float(np.sqrt(ref[n].size)))
+        if blind.any():
+            unjudged.append(f"d{n}")  # no yardstick for every entry of a tensor judged as a whole
+            continue
         bound = BACKWARD_K * yardstick_error(naive, ref, n, within(frobenius)) + floor_rel * scale_norm + underflow
         if bound >= own_norm:
             unjudged.append(f"d{n}")
@@ -319,7 +344,10 @@ def _judge_gradients(
         notes.append(f"not judged (the floor reaches the gradient's own size, also in norm): {', '.join(unjudged)}")
     if no_yardstick:
         counts = ", ".join(f"{k} {v}" for k, v in no_yardstick.items())
-        notes.append(f"entries the definition in the dtype does not compute, not judged: {counts}")
+        notes.append(
+            "entries no standard algorithm computes in the dtype, held to the worst case of an accumulation in it "
+            f"(a non-finite one excused only where the forward is the dtype's own 0/0): {counts}"
+        )
     if notes:
         details["note"] = "; ".join(notes)
     return parts_finding("backward-agreement", ex, parts, token_axis=token_axis, **details)

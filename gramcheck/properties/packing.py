@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from .. import algorithm_underflow
+from ..agreement import output_distance
 from ..findings import Finding
 from ..forms import CHUNK_SIZES
 from ..precision import overflow_threshold, round_to
@@ -147,7 +148,17 @@ def _gradient_parts(
         e = max(_naive_error(nv[n], rf[n], target.dtype) for nv, rf in zip(naive, ref, strict=True))
         scale = max(float(np.max(np.abs(rf[n]), initial=0.0)) for rf in ref)
         # NaN where both are NaN (features underflowing to 0/0 alike) is agreement's finding, not this one's
-        out[f"d{n}"] = (_diff(packed[n], g_alone, target.dtype), 2 * (BACKWARD_K * e + 4 * u * scale))
+        diff = _diff(packed[n], g_alone, target.dtype)
+        # a shared input's gradient sums the sequences' parts: where a part is past the range (inf alone, and
+        # inf - inf), the packed gradient is measured against the exact whole, in range or not
+        thr = overflow_threshold(target.dtype)
+        summed = not _per_token(ex, n) and n != "initial_state"
+        past_part = _join(n, [(np.abs(rf[n]) >= thr).astype(np.float64) for rf in ref], ex) > 0
+        whole = ~np.isfinite(g_alone) & past_part & summed
+        if whole.any():
+            exact = _join(n, [rf[n] for rf in ref], ex)
+            diff = np.where(whole, output_distance(packed[n], exact, target.dtype), diff)
+        out[f"d{n}"] = (diff, 2 * (BACKWARD_K * e + 4 * u * scale))
     return out
 
 

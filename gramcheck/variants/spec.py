@@ -109,7 +109,7 @@ class Variant:
     decay_fn: Callable[[Mapping[str, Any], Mapping[str, Any], int], float] | None = field(default=None, repr=False)
     jacobian_fn: Callable[..., dict[str, float]] | None = field(default=None, repr=False)
     # a certified float64 evaluation cheaper than ball arithmetic: (value, bound) (``enclosure``)
-    enclosure_fn: Callable[..., tuple[Any, Any]] | None = field(default=None, repr=False)
+    enclosure_fn: Callable[..., tuple[Any, Any] | None] | None = field(default=None, repr=False)
     # other standard algorithms for the same output, signature of reference_fn (``algorithms``), and more
     # that differ from those in the causal mode only (FAVOR+'s linear form at another chunk size)
     algorithms_fn: tuple[Callable[..., Any], ...] = field(default=(), repr=False)
@@ -412,12 +412,23 @@ class Variant:
         self._check(q, k, v, extras)
         opts = self._options(kwargs, causal, q, v)
         if opts.get("cu_seqlens") is not None:
-            from ..packing import run_packed
+            from ..forms import accumulation_dtype
+            from ..packing import per_token, run_packed
+
+            # an input every sequence shares (rwkv6's bonus u) reaches each sequence as one float32 copy, so its
+            # gradient is summed over the sequences in float32, as a kernel that loads it once sums it: in the
+            # dtype, one sequence's part (-84562) or a partial sum overflowed where the whole (-55374) is in range.
+            # The sequences were checked as the packed call was: the forms take the copy as it is.
+            shared = {
+                n: x.to(accumulation_dtype(x))
+                for n, x in extras.items()
+                if x.is_floating_point() and not per_token(x, *q.shape[:3])
+            }
 
             def one(*a: Any, **kw: Any) -> Any:
-                return self.torch(*a, causal=causal, form=form, chunk_size=chunk_size, **kw)
+                return self.torch_fn(*a, causal=causal, form=form, chunk_size=chunk_size, **kw)
 
-            return run_packed(one, q, k, v, opts, {**params, **extras})
+            return run_packed(one, q, k, v, opts, {**params, **extras, **shared})
         return self.torch_fn(q, k, v, causal=causal, form=form, chunk_size=chunk_size, **params, **extras, **opts)
 
     def describe(self) -> dict[str, Any]:
