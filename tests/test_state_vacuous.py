@@ -252,19 +252,19 @@ def test_a_state_past_the_dtypes_range_is_read_as_the_threshold_by_state_bound()
     assert not state_bound(w, small, causal=True).passed
 
 
-def test_the_rule_in_norm_allows_a_float32_accumulation_of_the_tokens():
+def test_the_delta_rules_explicit_inverse_is_a_yardstick_of_the_state():
     """gated-deltanet, float32, d_k = d_v = 1, N = 160, long-memory gates (the state sweep's seed 2): |S_N| = 1.07
-    is one entry, the builtin's chunked form errs 7 u of it and both yardsticks 0.3 u, so the rule in norm
-    (2 x yardstick + 4 u |S_N|) failed the builtin at 2.9. A correct algorithm summing the tokens in another
-    order errs up to a float32 accumulation of them: the floor adds gamma~_n(u_32) |S_N|, n = N + d_k + d_v, as
-    backward-agreement's. The builtin passes; a final state 2^-10 off still fails."""
+    is one entry; the builtin's chunked form errs 7 u of it, the definition and the chunked substitution 0.3 u,
+    and the rule in norm failed the builtin at 2.9. The chunk's inverse formed explicitly (fla's solve_tril,
+    transformers' torch_chunk_gated_delta_rule) is a standard algorithm too, and errs as much there
+    (``deltanet.chunked_inverse_reference``): the builtin passes, a final state 2^-10 off still fails."""
     path = Path(__file__).parent / "data" / "gated_deltanet_f32_d1_long_memory.npz"
     a = {key: np.asarray(x, dtype=np.float64) for key, x in np.load(path).items()}
     ex = AttentionInputs(a.pop("q"), a.pop("k"), a.pop("v"), a, "long", "float32", {})
     t = builtin("gated-deltanet", dtype="float32")
     f = state_agreement(t, ex, causal=True)
     assert f.passed and f.details["entry"] == "final_state[0,0] in norm", f.details
-    assert f.measured > 0.01, f.measured  # the floor is a float32 accumulation's, not looser
+    assert f.measured > 0.1, f.measured  # judged, and not loosely
 
     def off(q, k, v, *, causal, initial_state=None, output_final_state=False, **kw):
         res = t.fn(q, k, v, causal=causal, initial_state=initial_state, output_final_state=output_final_state, **kw)

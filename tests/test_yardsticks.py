@@ -5,6 +5,7 @@ in tests/data); and the false alarm still open, a strict expected failure so tha
 (proofs/low-precision-rule.md)."""
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -17,7 +18,7 @@ from broken import (
 from correct_lowprec import performer_in_dtype
 
 import gramcheck.agreement as A
-from gramcheck.api import check
+from gramcheck.api import check, make_target
 from gramcheck.precision import round_to
 from gramcheck.properties.accuracy import low_precision
 from gramcheck.properties.state import initial_state_of, state_agreement
@@ -636,8 +637,8 @@ def test_the_truth_is_asked_for_as_sharply_as_the_yardstick_that_judges():
     kw = {**t.params, **ex.extras}
     forms = A.naive_yardsticks(t.variant, ex.q, ex.k, ex.v, causal=True, dtype="float16", **kw).forward
     exact = t.variant.reference(ex.q, ex.k, ex.v, causal=True, **kw)
-    own, chunked = (f.in_range(exact, 2.0**-11) for f in forms)
-    assert (chunked & ~own).any(), "the chunked algorithm is the only yardstick in range somewhere"
+    own, *chunked = (f.in_range(exact, 2.0**-11) for f in forms)  # the substitution's and the inverse's
+    assert (np.logical_or.reduce(chunked) & ~own).any(), "the chunked algorithms are the only yardsticks in range"
     f = _agreement_of(t, ex)
     lp = f.details["low_precision"]
     assert f.passed and lp["naive_error"] > 5 * lp["target_error"] > 0, f.details
@@ -1245,3 +1246,64 @@ def test_the_keys_amplitudes_round_in_float32_as_sigma_says(d):
     assert abs(float(np.mean(z))) < 0.35
 
 
+
+
+def _bugset_fixed(case_id: str) -> Any:
+    """The upstream-fixed twin of a bug-set case (benchmarks/bugset) and its Case."""
+    from benchmarks.bugset.run import cases
+
+    c = next(c for c in cases() if c.id == case_id)
+    return c, make_target(c.fixed, c.variant, dtype=c.dtype, params=dict(c.params))
+
+
+def _scaled_grad(t: Any, name: str, factor: float) -> Any:
+    """``t`` whose gradient with respect to ``name`` is ``factor`` times its own."""
+    import torch
+
+    class Scaled(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * factor
+
+    def fn(q, k, v, *, causal, **kw):
+        x = {"q": q, "k": k, "v": v}
+        x[name] = Scaled.apply(x[name])
+        return t.fn(x["q"], x["k"], x["v"], causal=causal, **kw)
+
+    return make_target(fn, t.variant, dtype=t.dtype, params=dict(t.params))
+
+
+def test_a_custom_scale_passed_by_rescaling_the_queries_is_a_standard_algorithm():
+    """softmax, float32, custom scale, anti-aligned keys of 113 (the bug set's x-transformers#244 fixed twin, seed 2
+    of the three-seed run): the fix passes its scale to a default-scaled kernel by rescaling q by s / s_0 first,
+    whose rounding moves the large logits 5 times as much as the definition's (dk off 5.7e-5 against 1.1e-5), and
+    backward-agreement failed the correct twin at 1.17. That order is a yardstick now (``softmax.default_scaled``):
+    the twin passes, and a dk 1% off fails."""
+    from gramcheck.properties.backward import backward_agreement
+
+    data = np.load(Path(__file__).parent / "data" / "softmax_f32_custom_scale_anti_aligned.npz")
+    a = {n: x.astype(np.float64) for n, x in data.items()}
+    ex = AttentionInputs(a.pop("q"), a.pop("k"), a.pop("v"), a, "anti-aligned", "float32", {})
+    _, t = _bugset_fixed("x-transformers-244-custom-scale-not-passed-to-flash")
+    f = backward_agreement(t, ex, causal=True)
+    assert f.passed and f.measured > 0.1, f.details
+    assert not backward_agreement(_scaled_grad(t, "k", 1.01), ex, causal=True).passed
+
+
+def test_the_chunks_inverse_formed_explicitly_is_a_standard_algorithm():
+    """gated-deltanet, float32, d = 1, N = 160, long-memory gates (the bug set's transformers#40842 fixed twin, seed
+    1 of the three-seed run): transformers' chunked form inverts the chunk's triangular system explicitly, as
+    fla's solve_tril does, and errs 3 times the substitution's yardstick where keys are +-1; agreement failed the
+    correct twin at 1.44. The explicit inverse is a yardstick now (``deltanet.chunked_inverse_reference``): the
+    twin passes, and an output 2^-12 off fails."""
+    data = np.load(Path(__file__).parent / "data" / "gated_deltanet_f32_d1_transformers_chunked.npz")
+    a = {n: x.astype(np.float64) for n, x in data.items()}
+    ex = AttentionInputs(a.pop("q"), a.pop("k"), a.pop("v"), a, "long", "float32", {})
+    _, t = _bugset_fixed("transformers-40842-qwen3-next-gdn-l2norm-eps")
+    out = t(ex.q, ex.k, ex.v, causal=True, **ex.extras)
+    assert _agreement_of(_fixed(t, out), ex).passed
+    assert not _agreement_of(_fixed(t, out * (1 + 2.0**-12)), ex).passed

@@ -35,10 +35,11 @@ from ..strategies import AttentionInputs
 from ..targets import Target
 from .base import guarded
 from .invariants import _rng, _undefined
-from .state import ACCUMULATOR, NormPart, accumulation_length, frobenius, initial_state_of, parts_finding
+from .state import NormPart, frobenius, initial_state_of, parts_finding
 
 BACKWARD_K = 2.0
 BACKWARD_FLOOR_ULPS = 4.0
+ACCUMULATOR = "float32"  # the least precision a kernel accumulates in (fla's kernels; tensor cores)
 CANCELLED = 2.0**-40  # a reference gradient this small against its natural size vanishes by cancellation
 
 
@@ -180,6 +181,12 @@ def log_decay_terms(arrays: dict[str, np.ndarray], ref: dict[str, np.ndarray], n
         per = np.sum(per, axis=-1, keepdims=True)
     total = np.sum(per, axis=2, keepdims=True)  # (B, H, 1, c)
     return np.broadcast_to(total if g.ndim == 4 else total[..., 0], g.shape)
+
+
+def accumulation_length(ex: AttentionInputs) -> int:
+    """n = N + d_k + d_v: the roundings of an accumulation on any chain-rule path of an attention gradient
+    (a sum over at most N tokens of terms formed by inner products over d_k and d_v)."""
+    return int(ex.q.shape[2] + ex.q.shape[-1] + ex.v.shape[-1])
 
 
 def smooth_definition(variant: Any, causal: bool, params: dict[str, Any]) -> bool:

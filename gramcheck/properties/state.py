@@ -34,19 +34,11 @@ from ..agreement import (
 from ..arith import BALL_F64, F64, BallMP, RoundedArith, rounding_model
 from ..findings import Finding, error_ratios
 from ..forms import CHUNK_SIZES
-from ..precision import gamma_tilde, overflow_threshold, round_to, unit_roundoff
+from ..precision import overflow_threshold, round_to, unit_roundoff
 from ..strategies import AttentionInputs
 from ..targets import Target
 from .base import arrays_of, guarded
 from .invariants import _rng
-
-ACCUMULATOR = "float32"  # the least precision a kernel accumulates in (fla's kernels; tensor cores)
-
-
-def accumulation_length(ex: AttentionInputs) -> int:
-    """n = N + d_k + d_v: the roundings of an accumulation on any path of an attention output, state or
-    gradient (a sum over at most N tokens of terms formed by inner products over the head dimensions)."""
-    return int(ex.q.shape[2] + ex.q.shape[-1] + ex.v.shape[-1])
 
 
 def state_passing(variant: Any, causal: bool, params: dict[str, Any]) -> bool:
@@ -331,7 +323,7 @@ class Vacuous:
             parts = {}
             naives = ([o for o, _ in runs], [s for _, s in runs])
             for name, mask, err, truth, rad, naive in zip(names, rule, errors, truths, rads, naives, strict=True):
-                for idx, j, bound in rule_in_norm(mask, truth, rad, naive, self.u, accumulation_length(ex)):
+                for idx, j, bound in rule_in_norm(mask, truth, rad, naive, self.u):
                     parts[f"{name}[{','.join(map(str, idx))}]"] = NormPart(err[idx][j], factor * bound)
             return parts
 
@@ -391,17 +383,13 @@ def naive_with_state(
 
 
 def rule_in_norm(
-    judged: np.ndarray, truth: np.ndarray, rad: np.ndarray, naives: list[np.ndarray], u: float, n: int
+    judged: np.ndarray, truth: np.ndarray, rad: np.ndarray, naives: list[np.ndarray], u: float
 ) -> list[tuple[tuple[int, ...], np.ndarray, float]]:
     """(slice index, its judged entries, bound) per (batch, head) slice with judged entries: the
     low-precision rule in norm (proofs/low-precision-rule.md), ||T - truth||_J <= 2 ||naive - truth||_J +
-    (4 u + gamma~_n(u_32)) ||truth||_J, the naive error the largest over the definition and the other
-    algorithms that are finite there, net of the truth's radius (the caller adds the radius to the error);
-    gamma~_n the accumulation floor of n = ``accumulation_length`` roundings in float32, as
-    backward-agreement's: a correct algorithm summing the N tokens in another order than the yardsticks
-    errs by that much (gated-deltanet's chunked form, d = 1, N = 160: 7 u of |S_N| where both yardsticks
-    erred 0.3 u). A definition that is not finite there gives no yardstick: bound 0
-    (``Vacuous.rule_parts`` leaves such entries out)."""
+    4 u ||truth||_J, the naive error the largest over the definition and the other algorithms that are
+    finite there, net of the truth's radius (the caller adds the radius to the error). A definition that
+    is not finite there gives no yardstick: bound 0 (``Vacuous.rule_parts`` leaves such entries out)."""
     out = []
     for idx, mask in per_slice(judged):
         j = mask[idx]
@@ -409,8 +397,7 @@ def rule_in_norm(
         finite = bool(np.all(np.isfinite(errs[0])))
         naive_err = max(frobenius(e) for e in errs if np.all(np.isfinite(e))) if finite else 0.0
         yard = max(naive_err - frobenius(rad[idx][j]), 0.0)
-        floor = LOW_PRECISION_FLOOR_ULPS * u + gamma_tilde(n, ACCUMULATOR)
-        bound = LOW_PRECISION_K * yard + floor * frobenius(truth[idx][j])
+        bound = LOW_PRECISION_K * yard + LOW_PRECISION_FLOOR_ULPS * u * frobenius(truth[idx][j])
         out.append((idx, j, bound if finite else 0.0))
     return out
 

@@ -115,6 +115,7 @@ def chunked_reference(
     l2norm_eps: float,
     initial_state: Any = None,
     output_final_state: bool = False,
+    inverse: bool = False,
 ) -> Any:
     """The same output by the chunked WY / UT algorithm (gramcheck.delta_forms, chunks of 64 tokens): per
     chunk, Delta solves (I + A) Delta = diag(beta) (V - diag(P) K S_0) by forward substitution, with
@@ -123,7 +124,8 @@ def chunked_reference(
     O = (P * Q) S_0 + ((Q K^T) * Gamma) Delta and S_c = P_c S_0 + (Gamma_c * K)^T Delta.
     Equal to ``reference`` in exact arithmetic; in a low precision it errs more where the chunk's
     triangular system is ill-conditioned (d_k <= 2: keys +-1), so the low-precision rules take the larger
-    of the two errors as their yardstick (proofs/low-precision-rule.md)."""
+    of the two errors as their yardstick (proofs/low-precision-rule.md). ``inverse``: T = (I + A)^{-1} formed
+    first, by the same substitution on the identity, and Delta = T rhs (``chunked_inverse_reference``)."""
     B, H, N, dk = q.shape
     dv = v.shape[-1]
     q, k = queries_and_keys(ar, q, k, scale, l2norm, l2norm_eps)
@@ -143,11 +145,15 @@ def chunked_reference(
     lower = ar.fill(bc[..., None] * (kk if gamma is None else kk * gamma), strict, 0.0)
     kd = kc if p_in is None else kc * p_in[..., None]
     rhs = ar.held(bc[..., None]) * ar.concat([vc, kd], axis=-1)  # diag(beta) [V, P K]
-    sol = [rhs[..., 0, :]]
+    if inverse:
+        rhs_sub = ar.held(ar.fill(ar.zeros(lower.shape) + 1.0, np.eye(c, dtype=bool), 0.0))  # T = (I + A)^{-1}
+    else:
+        rhs_sub = rhs
+    sol = [rhs_sub[..., 0, :]]
     for i in range(1, c):  # forward substitution, row by row
         done = ar.stack(sol, axis=-2)
-        sol.append(rhs[..., i, :] - ar.matmul(lower[..., i : i + 1, :i], done)[..., 0, :])
-    uw = ar.stack(sol, axis=-2)
+        sol.append(rhs_sub[..., i, :] - ar.matmul(lower[..., i : i + 1, :i], done)[..., 0, :])
+    uw = ar.matmul(ar.stack(sol, axis=-2), rhs) if inverse else ar.stack(sol, axis=-2)
     u, w = uw[..., :dv], uw[..., dv:]
     qk = ar.matmul(qc, ar.mT(kc))
     scores = ar.fill(qk if gamma is None else qk * gamma, incl, 0.0)
@@ -162,6 +168,15 @@ def chunked_reference(
         state = state + ar.matmul(ar.mT(k_out[:, :, i]), delta)
     out = ar.stack(outs, axis=2).reshape(B, H, nc * c, dv)[:, :, :N]
     return (out, state) if output_final_state else out
+
+
+def chunked_inverse_reference(ar: Any, q: Any, k: Any, v: Any, **kw: Any) -> Any:
+    """The chunked algorithm with the chunk's inverse T = (I + A)^{-1} formed explicitly and applied as a
+    product (``chunked_reference`` with ``inverse``): what fla's kernels (``solve_tril``) and transformers'
+    torch_chunk_gated_delta_rule compute. Where the triangular system is ill-conditioned (d_k = 1: keys +-1) its
+    rounding differs from the substitution's: transformers' form erred 3 times the substitution's there
+    (float32, N = 160), within what this yardstick errs."""
+    return chunked_reference(ar, q, k, v, inverse=True, **kw)
 
 
 def torch_forward(
@@ -276,7 +291,7 @@ VARIANTS = [
         declares=_TAGS,
         reference_fn=reference,
         enclosure_fn=enclosure,
-        algorithms_fn=(chunked_reference,),
+        algorithms_fn=(chunked_reference, chunked_inverse_reference),
         torch_fn=torch_forward,
         inputs=(BETA,),
         recurrence="delta",
@@ -292,7 +307,7 @@ VARIANTS = [
         declares=_TAGS | {"gated"},
         reference_fn=reference,
         enclosure_fn=enclosure,
-        algorithms_fn=(chunked_reference,),
+        algorithms_fn=(chunked_reference, chunked_inverse_reference),
         torch_fn=torch_forward,
         inputs=(scalar_log_decay("g"), BETA),
         recurrence="delta",

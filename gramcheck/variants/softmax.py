@@ -53,6 +53,16 @@ def split_scale(ar: Any, q: Any, k: Any, v: Any, *, causal: bool, scale: Any) ->
     return _attend(ar, ar.matmul(q * r, ar.mT(k * r)), v, causal)
 
 
+def default_scaled(ar: Any, q: Any, k: Any, v: Any, *, causal: bool, scale: Any) -> Any:
+    """softmax(((s / s_0) Q) K^T s_0) V, s_0 = 1/sqrt(d): a custom scale passed to a kernel that applies its
+    default only, by rescaling the queries first (x-transformers' flash path since PR #244; fused kernels
+    without a scale argument). The same as the definition where s = s_0; elsewhere the queries' rounding
+    moves large logits more than the definition's does (5 times, float32, anti-aligned keys of 113)."""
+    s0 = 1.0 / math.sqrt(q.shape[-1])
+    ratio = scale_value(F64, scale, q.shape[-1]) / s0
+    return _attend(ar, ar.matmul(q * ar.const(ratio), ar.mT(k)) * ar.const(s0), v, causal)
+
+
 def _attend(ar: Any, logits: Any, v: Any, causal: bool) -> Any:
     keep = causal_keep(logits.shape[-1]) if causal else None
     return ar.matmul(masked_softmax(ar, logits, keep), v)
@@ -82,6 +92,6 @@ VARIANTS = [
         reference_fn=reference,
         torch_fn=torch_forward,
         jacobian_fn=jacobian,
-        algorithms_fn=(scaled_queries, split_scale),
+        algorithms_fn=(scaled_queries, split_scale, default_scaled),
     )
 ]
