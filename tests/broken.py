@@ -247,6 +247,19 @@ def _with_backward(forward, corrupt):
     return Fn.apply
 
 
+def with_changed_gradient(fn, name, change):
+    """The target callable ``fn`` whose gradient with respect to its input ``name`` (q, k, v or a keyword input
+    such as initial_state) is ``change(grad)``; its forward is fn's (``_with_backward`` on the identity)."""
+
+    def wrapped(q, k, v, *, causal, **kw):
+        x = {"q": q, "k": k, "v": v, **kw}
+        if x.get(name) is not None:
+            x[name] = _with_backward(torch.clone, lambda grads, inputs: (change(grads[0]),))(x[name])
+        return fn(x.pop("q"), x.pop("k"), x.pop("v"), causal=causal, **x)
+
+    return wrapped
+
+
 def retnet_decays_in_the_input_dtype(q, k, v, *, causal):
     """RetNet whose decays gamma_h = 1 - 2^(-5-h) are held in the inputs' dtype: in bfloat16 they round to
     1 for h >= 4 (1 - 2^-9 is a tie, to even), and those heads never decay."""

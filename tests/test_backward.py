@@ -17,6 +17,7 @@ from broken import (
     retnet_dv_missing_scale,
     retnet_nan_backward,
     retnet_without_backward,
+    with_changed_gradient,
 )
 
 from gramcheck import properties as P
@@ -24,7 +25,7 @@ from gramcheck.api import check
 from gramcheck.autodiff import TorchDefinition
 from gramcheck.properties.backward import backward_agreement
 from gramcheck.strategies import attention_inputs, sample
-from gramcheck.targets import builtin
+from gramcheck.targets import Target, builtin
 
 DOMAIN = {"max_n": 70, "max_d": 6, "examples": 8}
 
@@ -278,21 +279,7 @@ def _elu_with_one_underflowing_key(dq_factor: float = 1.0):
     v = np.array([[[[1.0, -2.0], [0.5, 1.5], [-1.0, 0.25]]]])
     ex = AttentionInputs(*(round_to(x, "float16") for x in (q, k, v)), {}, "outliers", "float16", {})
     t = builtin("linear-elu", dtype="float16")
-
-    class Scaled(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, v):
-            return v.clone()
-
-        @staticmethod
-        def backward(ctx, g):
-            return g * dq_factor
-
-    def fn(q, k, v, *, causal):
-        return t.fn(Scaled.apply(q), k, v, causal=causal)
-
-    from gramcheck.targets import Target
-
+    fn = with_changed_gradient(t.fn, "q", lambda g: g * dq_factor)
     return ex, Target(fn, "linear-elu", dtype="float16", name=f"dq x {dq_factor}")
 
 
@@ -320,7 +307,6 @@ def test_a_nan_gradient_where_only_the_dtypes_definition_overflows_fails():
     from gramcheck.inputs import draw_extras
     from gramcheck.precision import round_to
     from gramcheck.strategies import AttentionInputs
-    from gramcheck.targets import Target
 
     rng = np.random.default_rng(1)
     q = np.full((1, 1, 4, 2), 300.0)
@@ -336,18 +322,7 @@ def test_a_nan_gradient_where_only_the_dtypes_definition_overflows_fails():
     blind[0, 0, 0] = True
 
     def at_blind(change):
-        class F(torch.autograd.Function):
-            @staticmethod
-            def forward(ctx, x):
-                return x.clone()
-
-            @staticmethod
-            def backward(ctx, grad):
-                return torch.where(blind, change(grad), grad)
-
-        def fn(q, k, v, *, causal, **kw):
-            return t.fn(q, k, F.apply(v), causal=causal, **kw)
-
+        fn = with_changed_gradient(t.fn, "v", lambda grad: torch.where(blind, change(grad), grad))
         return Target(fn, "gla", dtype="float16", name="dv changed at the blind entries")
 
     assert backward_agreement(at_blind(lambda x: x * float("nan")), ex, causal=True).measured == np.inf
@@ -362,7 +337,6 @@ def test_a_gradient_in_float32s_subnormals_is_allowed_their_spacing():
     the path length), and a dS_0 twice the builtin's still fails."""
     from gramcheck.precision import round_to
     from gramcheck.strategies import AttentionInputs
-    from gramcheck.targets import Target
 
     worst = 0.0
     for seed in range(8):
@@ -377,17 +351,5 @@ def test_a_gradient_in_float32s_subnormals_is_allowed_their_spacing():
     n = 1 + 3 + 3
     assert worst > 1 / (2 * (n + 1)), worst
 
-    def doubled(q, k, v, *, causal, g, initial_state=None, output_final_state=False):
-        class Twice(torch.autograd.Function):
-            @staticmethod
-            def forward(ctx, s):
-                return s.clone()
-
-            @staticmethod
-            def backward(ctx, grad):
-                return 2 * grad
-
-        s0 = None if initial_state is None else Twice.apply(initial_state)
-        return t.fn(q, k, v, causal=causal, g=g, initial_state=s0, output_final_state=output_final_state)
-
+    doubled = with_changed_gradient(t.fn, "initial_state", lambda grad: 2 * grad)
     assert backward_agreement(Target(doubled, "mamba2", dtype="float32", name="dS0 x 2"), ex, causal=True).measured > 1

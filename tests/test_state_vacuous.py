@@ -30,6 +30,16 @@ def _recurrent_gla(q, k, v, *, causal, g, initial_state=None, output_final_state
     return V.get("gla").torch(q, k, v, causal=True, g=g, form="recurrent", chunk_size=1, **kw)
 
 
+def _final_state_times(t: Target, factor: float) -> Target:
+    """The target ``t`` whose final state is ``factor`` times its own (its output unchanged)."""
+
+    def fn(q, k, v, *, causal, initial_state=None, output_final_state=False, **kw):
+        res = t.fn(q, k, v, causal=causal, initial_state=initial_state, output_final_state=output_final_state, **kw)
+        return (res[0], res[1] * factor) if output_final_state else res
+
+    return Target(fn, t.variant, dtype=t.dtype, params=dict(t.params), name=f"final state x {factor}")
+
+
 def _long(dtype: str) -> AttentionInputs:
     rng = np.random.default_rng(0)
     q, k, v = (round_to(rng.standard_normal((1, 2, 300, 16)), dtype) for _ in range(3))
@@ -152,12 +162,7 @@ def test_contracting_transitions_give_no_rounding_noise_in_the_state_properties(
     f = state_agreement(t, ex, causal=True)
     assert f.passed and f.details["noise_entries"]["final_state"] == 0, f.details
 
-    def doubled(q, k, v, *, causal, initial_state=None, output_final_state=False, **kw):
-        res = t.fn(q, k, v, causal=causal, initial_state=initial_state, output_final_state=output_final_state, **kw)
-        return (res[0], res[1] * 2) if output_final_state else res
-
-    w = Target(doubled, t.variant, dtype="bfloat16", params=dict(t.params), name="doubled")
-    assert state_agreement(w, ex, causal=True).measured > 10
+    assert state_agreement(_final_state_times(t, 2.0), ex, causal=True).measured > 10
 
 
 @pytest.mark.parametrize("name", ["deltanet", "gated-deltanet"])
@@ -179,12 +184,7 @@ def test_the_delta_rules_state_is_judged_at_chunk_sized_n_in_float32(name):
     assert f.passed and f.details["vacuous_entries"]["final_state"] > 0, f.details
     assert f.details["unjudged_entries"] == {"out": 0, "final_state": 0}, f.details
 
-    def off(q, k, v, *, causal, initial_state=None, output_final_state=False, **kw):
-        res = t.fn(q, k, v, causal=causal, initial_state=initial_state, output_final_state=output_final_state, **kw)
-        return (res[0], res[1] * 1.1) if output_final_state else res
-
-    w = Target(off, t.variant, dtype="float32", params=dict(t.params), name="ten-percent-off")
-    assert state_agreement(w, ex, causal=True).measured > 10
+    assert state_agreement(_final_state_times(t, 1.1), ex, causal=True).measured > 10
 
 
 def test_two_runs_that_round_one_value_to_65504_and_to_inf_agree(monkeypatch):
@@ -266,9 +266,4 @@ def test_the_delta_rules_explicit_inverse_is_a_yardstick_of_the_state():
     assert f.passed and f.details["entry"] == "final_state[0,0] in norm", f.details
     assert f.measured > 0.1, f.measured  # judged, and not loosely
 
-    def off(q, k, v, *, causal, initial_state=None, output_final_state=False, **kw):
-        res = t.fn(q, k, v, causal=causal, initial_state=initial_state, output_final_state=output_final_state, **kw)
-        return (res[0], res[1] * (1 + 2.0**-10)) if output_final_state else res
-
-    w = Target(off, t.variant, dtype="float32", params=dict(t.params), name="2^-10 off")
-    assert state_agreement(w, ex, causal=True).measured > 1
+    assert state_agreement(_final_state_times(t, 1 + 2.0**-10), ex, causal=True).measured > 1

@@ -14,6 +14,7 @@ from broken import (
     mamba2_decays_five_percent_strong,
     performer_trig_unreduced_arguments,
     retnet_decays_in_the_input_dtype,
+    with_changed_gradient,
 )
 from correct_lowprec import performer_in_dtype
 
@@ -1258,22 +1259,7 @@ def _bugset_fixed(case_id: str) -> Any:
 
 def _scaled_grad(t: Any, name: str, factor: float) -> Any:
     """``t`` whose gradient with respect to ``name`` is ``factor`` times its own."""
-    import torch
-
-    class Scaled(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x):
-            return x.clone()
-
-        @staticmethod
-        def backward(ctx, g):
-            return g * factor
-
-    def fn(q, k, v, *, causal, **kw):
-        x = {"q": q, "k": k, "v": v}
-        x[name] = Scaled.apply(x[name])
-        return t.fn(x["q"], x["k"], x["v"], causal=causal, **kw)
-
+    fn = with_changed_gradient(t.fn, name, lambda g: g * factor)
     return make_target(fn, t.variant, dtype=t.dtype, params=dict(t.params))
 
 
