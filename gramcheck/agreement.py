@@ -798,14 +798,14 @@ def _judge(
     measured, worst_rule = 0.0, "worst-case"
     worst_at: tuple[int, ...] | None = None
     ratios: dict[str, float] = {}
-    for rule, mask, b in (("worst-case", wc, bound), ("probabilistic", pr, pbound)):
+    for which, mask, b in (("worst-case", wc, bound), ("probabilistic", pr, pbound)):
         if not mask.any():
             continue
         r = np.where(mask, error_ratios(err, b), 0.0)
         idx = np.unravel_index(int(np.argmax(r)), r.shape)
-        ratios[rule] = float(r[idx])
+        ratios[which] = float(r[idx])
         if float(r[idx]) > measured or worst_at is None:
-            measured, worst_rule, worst_at = float(r[idx]), rule, tuple(int(i) for i in idx)
+            measured, worst_rule, worst_at = float(r[idx]), which, tuple(int(i) for i in idx)
     # 1b. a bound (worst-case or probabilistic) not below ``loose_threshold`` cannot tell its row from one a few
     # percent off: such rows are also held to the naive forms' error per unit of sensitivity,
     # pooled over every row of their slice that the naive forms compute in range (proofs/low-precision-rule.md,
@@ -886,7 +886,11 @@ def _judge(
                 details["exact_zero_slices"] = details.get("exact_zero_slices", 0) + 1
             else:
                 yardstick = "naive"
-                e_n, b_lp = rule(naive.error(t.value, lp_s, u, norm, lambda e, e_t=e_t: e_t > rule(e)[1]))
+
+                def fails(e: float, e_t: float = e_t) -> bool:  # the target fails against yardstick error e
+                    return e_t > rule(e)[1]
+
+                e_n, b_lp = rule(naive.error(t.value, lp_s, u, norm, fails))
                 if exact_zero:  # without a finite resolution: the truth's own bound is no error of the target
                     e_t = e_t_least
                 elif e_t > b_lp and (own := excuse()) is not None:

@@ -86,7 +86,7 @@ def enclosure(
     bound = np.empty((B, H, N, dv))
     for t in range(N):
         kt, rt, Kt, b = km[:, :, t], rk[:, :, t], ka[:, :, t], beta[:, :, t]
-        if am is None:
+        if am is None or ram is None:
             s, ds, alpha_hi = state, 0.0, 1.0
         else:
             a, ra = am[:, :, t], ram[:, :, t]

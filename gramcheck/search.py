@@ -106,15 +106,23 @@ class Domain:
 
     def memory_estimate(self, variant: Any) -> int:
         """Bytes the largest input may need: ``memory_estimate`` at max_b, max_h, max_n, max_d."""
-        return memory_estimate(self.max_n, self.max_d, b=self.max_b, h=self.max_h)
+        max_n, max_d = self._sizes()
+        return memory_estimate(max_n, max_d, b=self.max_b, h=self.max_h)
+
+    def _sizes(self) -> tuple[int, int]:
+        """(max_n, max_d) of a resolved domain (``resolved`` fills them from the profile)."""
+        if self.max_n is None or self.max_d is None:
+            raise ValueError("domain: max_n and max_d are unset; resolve the domain for a profile first")
+        return self.max_n, self.max_d
 
     def check_memory(self, variant: Any = None, *, budget: float | None = None) -> None:
         """A ValueError naming the size argument when ``memory_estimate`` exceeds ``budget`` bytes
         (default MEMORY_BUDGET)."""
+        max_n, max_d = self._sizes()
         check_memory(
             self.memory_estimate(variant),
             budget,
-            arg="domain.max_n" if self.max_n >= self.max_d else "domain.max_d",
+            arg="domain.max_n" if max_n >= max_d else "domain.max_d",
             sizes=f"max_n={self.max_n}, max_d={self.max_d}, max_b={self.max_b}, max_h={self.max_h}",
         )
 
@@ -239,7 +247,7 @@ def _run_property(
     cap_n = prop.max_n
     if domain.grad_max_n is not None and prop.name in GRADIENT_PROPERTIES:
         cap_n = domain.grad_max_n
-    sizes = {
+    sizes: dict[str, Any] = {
         "max_n": max(domain.min_n, min(domain.max_n, cap_n or domain.max_n)),
         "max_d": max(domain.min_d, min(domain.max_d, prop.max_d or domain.max_d)),
         "min_n": domain.min_n,
@@ -254,7 +262,7 @@ def _run_property(
     strategy = attention_inputs(target.variant, dtype=target.dtype, kinds=kinds, **sizes)
     rows = prop.min_b if prop.min_b > domain.max_b else None  # recorded where the domain says fewer
     base = profile(profile_name)
-    budget = min(domain.examples or base.max_examples, prop.max_examples or math.inf)
+    budget = int(min(domain.examples or base.max_examples, prop.max_examples or math.inf))
     # a third of the examples is kept for the kinds the search does not draw (one explicit example each)
     reserve = min(len(kinds), budget // 3) if len(kinds) > 1 else 0
     state = _State()

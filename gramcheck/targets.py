@@ -100,7 +100,7 @@ class Target:
         if not self.name:
             self.name = getattr(self.fn, "__qualname__", repr(self.fn))
         for spec in self.variant.inputs:
-            if spec.name in self.own_draws:
+            if spec.name in self.own_draws and spec.size_param is not None:
                 size = self.params.get(spec.size_param)
                 if isinstance(size, bool) or not isinstance(size, int) or size < 1:
                     raise ValueError(

@@ -297,12 +297,10 @@ def test_an_entry_the_definition_does_not_compute_in_the_dtype_leaves_the_others
     assert backward_agreement(wrong, ex, causal=True).measured > 1
 
 
-def test_a_nan_gradient_where_only_the_dtypes_definition_overflows_fails():
+def _gla_overflowing_in_float16():
     """gla, float16, |q| = |k| = 300, N = 4, d = 2 (a review's input): the float16 definition's dv is NaN (inf - inf)
-    at two entries whose exact values, 85.09 and 477.8, are in range, and which the builtin computes (85.06,
-    477.75); the forward is finite. Those entries have no yardstick, and a backward returning NaN there passed as
-    "not computed by the dtype": it fails now (no forward 0/0 excuses it), as does 10 times the value (the worst
-    case of a float32 accumulation of the entry's terms judges it); the builtin passes."""
+    at dv[0, 0, 0, :], whose exact values, 85.09 and 477.8, are in range (the builtin computes 85.06, 477.75); the
+    forward is finite. Returns (inputs, the builtin, the blind entries' mask, a target changing dv there)."""
     from gramcheck import variants
     from gramcheck.inputs import draw_extras
     from gramcheck.precision import round_to
@@ -316,8 +314,6 @@ def test_a_nan_gradient_where_only_the_dtypes_definition_overflows_fails():
     g = draw_extras(variants.get("gla").inputs, dims, dtype="float16", seed=0, regimes={"g": "long-memory"})
     ex = AttentionInputs(*(round_to(x, "float16") for x in (q, k, v)), g, "large-magnitude", "float16", {})
     t = builtin("gla", dtype="float16")
-    f = backward_agreement(t, ex, causal=True)
-    assert f.passed and f.details["no_yardstick_entries"].get("dv") == 2, f.details
     blind = torch.zeros(1, 1, 4, 2, dtype=torch.bool)
     blind[0, 0, 0] = True
 
@@ -325,8 +321,52 @@ def test_a_nan_gradient_where_only_the_dtypes_definition_overflows_fails():
         fn = with_changed_gradient(t.fn, "v", lambda grad: torch.where(blind, change(grad), grad))
         return Target(fn, "gla", dtype="float16", name="dv changed at the blind entries")
 
+    return ex, t, blind, at_blind
+
+
+def test_a_nan_gradient_where_only_the_dtypes_definition_overflows_fails():
+    """The entries of ``_gla_overflowing_in_float16`` without a yardstick: a backward returning NaN there passed as
+    "not computed by the dtype"; it fails now (no forward 0/0 excuses it), as does 10 times the value (the worst
+    case of a float32 accumulation of the entry's terms judges it); the builtin passes."""
+    ex, t, _, at_blind = _gla_overflowing_in_float16()
+    f = backward_agreement(t, ex, causal=True)
+    assert f.passed and f.details["no_yardstick_entries"].get("dv") == 2, f.details
     assert backward_agreement(at_blind(lambda x: x * float("nan")), ex, causal=True).measured == np.inf
     assert backward_agreement(at_blind(lambda x: x * 10), ex, causal=True).measured > 1
+
+
+def test_an_entry_without_a_yardstick_is_held_to_exactly_its_stated_bound():
+    """At dv[0, 0, 0, 1] (no yardstick, exact 477.8, terms T = 3.4e5 that cancel) the bound is
+    (k gamma_n(u_32) + 4 u_16 + gamma~_n(u_32)) T + n eta_32 + eta_16 (proofs/backward-agreement.md, "Entries
+    without a yardstick"), n = N + d_k + d_v = 8, computed here from the formula and the gradient's terms. The
+    builtin's value moved by 0.9 of it passes with that ratio measured, by 1.1 of it fails: the property's threshold
+    is the stated bound, neither looser nor tighter."""
+    from gramcheck.precision import gamma, gamma_tilde, round_to, smallest_subnormal, unit_roundoff
+    from gramcheck.properties.backward import BACKWARD_FLOOR_ULPS, BACKWARD_K, definition_gradients, gradient_terms
+    from gramcheck.properties.invariants import _rng
+    from gramcheck.properties.state import initial_state_of
+
+    ex, t, blind, at_blind = _gla_overflowing_in_float16()
+    rng = _rng(ex, "backward")  # L = <W, o> + <W_S, S_N> from S_0, drawn as the property draws them
+    w = round_to(rng.standard_normal(ex.v.shape), "float16")
+    arrays = {"q": ex.q, "k": ex.k, "v": ex.v, **ex.extras, "initial_state": initial_state_of(t, ex, "backward-state")}
+    ws = round_to(rng.standard_normal(arrays["initial_state"].shape), "float16")
+    names = ["q", "k", "v", "g", "initial_state"]
+    assert backward_agreement(t, ex, causal=True).details["gradients"] == [f"d{n}" for n in names]
+    at = (0, 0, 0, 1)
+    terms = gradient_terms(t, arrays, names, w, ws, causal=True)["v"][at]
+    exact = definition_gradients(t, arrays, names, w, ws, causal=True, dtype="float64")["v"][at]
+    n = 8
+    rel = BACKWARD_K * gamma(n, "float32") + BACKWARD_FLOOR_ULPS * unit_roundoff("float16") + gamma_tilde(n, "float32")
+    bound = rel * terms + n * smallest_subnormal("float32") + smallest_subnormal("float16")
+    assert 3e5 < terms and bound < 2 * abs(exact), (terms, bound, exact)
+    only = torch.zeros_like(blind)
+    only[at] = True
+    for c in (0.9, 1.1):
+        moved = at_blind(lambda x, c=c: torch.where(only, (exact + c * bound) * torch.ones_like(x), x))
+        f = backward_agreement(moved, ex, causal=True)
+        assert f.details["entry"] == "dv[0,0,0,1]", f.details
+        assert f.measured == pytest.approx(c, rel=0.02), (c, f.measured)
 
 
 def test_a_gradient_in_float32s_subnormals_is_allowed_their_spacing():

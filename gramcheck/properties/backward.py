@@ -65,7 +65,7 @@ def _grads(loss: Any, leaves: dict[str, Any], target: Target | None = None) -> d
     if target is None:
         gs = _torch().autograd.grad(loss, list(leaves.values()), allow_unused=True)
     else:
-        gs = target.gradients(loss, leaves.values())
+        gs = target.gradients(loss, list(leaves.values()))
     return {
         n: (np.zeros(tuple(x.shape)) if g is None else g.detach().to("cpu").double().numpy())
         for (n, x), g in zip(leaves.items(), gs, strict=True)

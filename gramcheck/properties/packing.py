@@ -205,7 +205,7 @@ def _packed_gradients(
         opts["initial_state"] = target.tensors({"s": np.concatenate(s0s, axis=0)})["s"]
     with torch.enable_grad():
         o = target.call_torch(t.pop("q"), t.pop("k"), t.pop("v"), causal=causal, **t, **opts)
-        gs = target.gradients((o * torch.as_tensor(w).to(o.dtype)).sum(), leaves.values())
+        gs = target.gradients((o * torch.as_tensor(w).to(o.dtype)).sum(), list(leaves.values()))
     return {
         n: (np.zeros(arrays[n].shape) if g is None else g.detach().double().numpy())
         for n, g in zip(names, gs, strict=True)

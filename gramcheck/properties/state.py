@@ -15,6 +15,7 @@ coefficients: decays and |q|).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -166,7 +167,7 @@ class NormPart:
 def parts_finding(
     name: str,
     ex: AttentionInputs,
-    parts: dict[str, tuple[np.ndarray, np.ndarray] | NormPart],
+    parts: Mapping[str, tuple[np.ndarray, np.ndarray] | NormPart],
     *,
     token_axis: dict[str, int] | None = None,
     **details: Any,
@@ -175,7 +176,8 @@ def parts_finding(
     ``NormPart``; details name the worst entry ('part[i,j,...]', or the part judged in norm), its error
     and bound, the shape, and for parts with a token axis the first failing token (for a part in norm,
     the end of the shortest failing prefix) and its position in each stressed chunk size."""
-    worst_name, worst_idx, worst_r = "", (), -1.0
+    worst_name, worst_r = "", -1.0
+    worst_idx: tuple[Any, ...] = ()
     firsts: dict[str, int] = {}
     for part, value in parts.items():
         axis = (token_axis or {}).get(part)

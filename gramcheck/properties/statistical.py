@@ -78,7 +78,7 @@ def _draws(
     ts = target.tensors({"q": _capped(ex.q, root), "k": _capped(ex.k, root), "v": ex.v})
     q, k, v = (ts[n].detach().double().cpu().numpy() for n in ("q", "k", "v"))
     own = spec.name in target.own_draws
-    m = int(params[spec.size_param]) if own else int(ex.extras[spec.name].shape[0])
+    m = int(params[spec.size_param or ""]) if own else int(ex.extras[spec.name].shape[0])
     # fresh projections for a target taking them: a function of the whole input and the check's seed
     seed = zlib.crc32(b"".join(np.ascontiguousarray(x).tobytes() for x in (q, k, v)), target.draw_seed & 0xFFFFFFFF)
     moments = favor_output_moments(q * root, k * root, v, m, params["kind"], causal=causal)

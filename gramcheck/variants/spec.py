@@ -308,8 +308,8 @@ class Variant:
         if opts.get("cu_seqlens") is not None:
             from ..packing import run_packed
 
-            def one(*a: Any, **kw: Any) -> Any:
-                return self._run(fn, *a, causal, arith, kw)
+            def one(q1: Any, k1: Any, v1: Any, **kw: Any) -> Any:
+                return self._run(fn, q1, k1, v1, causal, arith, kw)
 
             cat = lambda xs, axis: arith.concat(xs, axis=axis)  # noqa: E731
             return run_packed(one, q, k, v, opts, {**params, **extras}, concat=cat)
