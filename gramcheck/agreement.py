@@ -149,6 +149,14 @@ def naive_definition(
     return ar.stored(ball)
 
 
+def accumulator_computes(variant: Any, q: Any, k: Any, v: Any, *, causal: bool, **kwargs: Any) -> np.ndarray:
+    """Where the definition or another standard algorithm of the variant, every operation rounded to float32
+    (the least precision a kernel accumulates in), returns a finite output on the inputs q, k, v (already in
+    the target's dtype)."""
+    forms = naive_forms(variant, q, k, v, causal=causal, dtype="float32", **kwargs)
+    return np.any([np.isfinite(f.value) for f in forms], axis=0)
+
+
 def naive_forms(
     variant: Any, q: Any, k: Any, v: Any, *, causal: bool, dtype: Any, reverse: bool = False, **kwargs: Any
 ) -> list[Naive]:
@@ -712,6 +720,11 @@ def check_agreement(
         """``own_rounding``, evaluated once, when a slice first fails the naive yardsticks."""
         return own_rounding(var, q, k, v, causal=causal, dtype=dtype, **kwargs)
 
+    @functools.cache
+    def computed32() -> np.ndarray:
+        """``accumulator_computes``, evaluated once, when a non-finite output meets no finite bound."""
+        return accumulator_computes(var, q, k, v, causal=causal, **kwargs)
+
     # first without the rule's request (float64 mostly suffices): a sharper truth is asked for only when
     # the rule's verdict could change with it (``_Judged.rule_open``)
     first = np.where(vacuous_guess, np.minimum(pbound, bound), bound)
@@ -740,7 +753,7 @@ def check_agreement(
         t = t.exact_where((model.bound == 0) & np.isfinite(approx), approx)  # a zero radius: exact
         judged = _judge(
             name, out, v, t, bound, pbound, probability, naive, u, dtype, bound32, resolution, reach, unresolved,
-            excuse, functools.partial(quiet_rows, var, kwargs), terms,
+            excuse, functools.partial(quiet_rows, var, kwargs), terms, computed32,
         )  # fmt: skip
         if not judged.rule_open:
             break
@@ -771,6 +784,7 @@ def _judge(
     excuse: Callable[[], np.ndarray | None] = lambda: None,
     quiet: Callable[[list[Naive], np.ndarray, np.ndarray], np.ndarray] | None = None,
     terms: Callable[[], np.ndarray | None] = lambda: None,
+    computed32: Callable[[], np.ndarray] | None = None,
 ) -> _Judged:
     """The Finding of ``check_agreement`` on the truth ``t``, every error counted at its worst over the
     truth's bound; entries within ``reach`` of flushing (``flushing_reach`` at least their |truth|) are
@@ -778,7 +792,9 @@ def _judge(
     ``unresolved`` entries (``unresolved_entries``) are judged by no rule; NaN there still fails.
     ``excuse`` (entrywise, or None): in a slice that fails the naive yardsticks, each entry's error less
     its own excuse is what the naive yardsticks judge. ``quiet`` (``quiet_rows`` of the variant): the rows that
-    are no rounding noise however large their float32 bound."""
+    are no rounding noise however large their float32 bound. ``computed32`` (``accumulator_computes``): where a
+    standard algorithm with float32 intermediates returns a finite output; a non-finite output there fails where
+    its exact value is finite and in range, though no bound judges the entry."""
     rule_open = False
     flushed = ~t.undefined & (reach > 0) & ~(reach < np.abs(t.value))
     unresolved = np.zeros(np.shape(out), dtype=bool) if unresolved is None else ~t.undefined & unresolved
@@ -954,6 +970,23 @@ def _judge(
         ratios["worst-case"] = max(ratios.get("worst-case", 0.0), float(r[idx]))
         if float(r[idx]) > measured:
             measured, worst_rule, worst_at = float(r[idx]), "worst-case", tuple(int(i) for i in idx)
+    # a non-finite output that no finite bound holds (the definition in the dtype underflows to 0/0 or overflows
+    # there) fails where its exact value is finite and in the dtype's range and an algorithm with float32
+    # intermediates computes it: a kernel's float32 registers do (xformers#96's float16 FAVOR+ features, which
+    # PR #98 computes in float32; proofs/fp-forward-error.md, "Non-finite outputs")
+    with np.errstate(invalid="ignore"):
+        representable = np.abs(t.value) + t.bound < overflow_threshold(dtype)
+    lost = defined & ~np.isfinite(out) & ~np.isfinite(bound) & representable & ~out_of_range
+    if lost.any() and computed32 is not None:
+        lost &= computed32()
+        if _counted(
+            details,
+            "nonfinite_entries",
+            lost,
+            "non-finite entries whose exact value is finite and in range, and which float32 intermediates compute",
+        ):
+            measured, worst_rule = float("inf"), "non-finite"
+            worst_at = tuple(int(i) for i in np.argwhere(lost)[0])
     if _counted(
         details,
         "unresolved_entries",

@@ -269,9 +269,10 @@ def test_rows_the_dtypes_range_decided_are_not_judged_by_the_low_precision_rule(
     """FAVOR+ hyperbolic, non-causal (the reference code's shifts: queries by their own maximum, keys by
     the global one), float32, entries of norm ~30: key and query features underflow into float32's
     subnormals, so the definition in float32 returns, on some rows, values quantised by the subnormal
-    grid (not by rounding). A target's NaN on such a row is range exhaustion the definition shares and is
-    counted, not judged; a NaN on a row the dtype computes within its range fails. (The causal forms,
-    shifted feature by feature, no longer leave such rows.)"""
+    grid (not by rounding). A target's value on such a row is counted, not judged (twice the builtin's passes);
+    a NaN there fails all the same (rule ``non-finite``: the definition in float32 computes a finite value), as a
+    NaN on a row the dtype computes within its range does. (The causal forms, shifted feature by feature, no
+    longer leave such rows.)"""
     from gramcheck.agreement import check_agreement, naive_definition, rounding_bound
     from gramcheck.targets import builtin
 
@@ -292,10 +293,14 @@ def test_rows_the_dtypes_range_decided_are_not_judged_by_the_low_precision_rule(
     assert by_range.size and in_range.size, (by_range, in_range)
     base = check_agreement("agreement", out, var, q, k, v, **kw)
     assert base.passed, base
+    moved_there = out.copy()
+    moved_there[0, 0, by_range] *= 2.0
+    f = check_agreement("agreement", moved_there, var, q, k, v, **kw)
+    assert f.passed and f.details["unbounded_entries"] >= 8 * by_range.size, f
     nan_there = out.copy()
     nan_there[0, 0, by_range] = np.nan
     f = check_agreement("agreement", nan_there, var, q, k, v, **kw)
-    assert f.passed and f.details["unbounded_entries"] >= 8 * by_range.size, f
+    assert f.details["rule"] == "non-finite" and f.details["nonfinite_entries"] == 8 * by_range.size, f.details
     nan_in_range = out.copy()
     nan_in_range[0, 0, in_range[-1]] = np.nan
     assert not check_agreement("agreement", nan_in_range, var, q, k, v, **kw).passed
@@ -629,3 +634,40 @@ def test_favor_features_of_huge_queries_keep_their_largest_exponent_at_0(name):
 
     assert agreement(out).passed
     assert not agreement(out * 1.01).passed
+
+
+def test_a_nan_output_where_float32_intermediates_compute_the_entry_fails():
+    """linear-elu in float16, N = 2, d = 1: key 0 of -20 has phi(k) = e^-20 = 2e-9, 0 in float16, so row 0 is 0/0 for
+    features stored in float16 (the definition in float16 too: its bound is infinite) while its exact output is v_0.
+    Float32 features compute it, as the builtin does: a target whose features are float16 returns NaN there and fails
+    (rule ``non-finite``; it passed unjudged before, as xformers#96's float16 FAVOR+ features did). With a key of
+    -120, e^-120 is 0 in float32 too: no standard precision computes row 0, and the NaN is not judged."""
+    import torch
+
+    from gramcheck.agreement import check_agreement
+    from gramcheck.api import make_target
+
+    elu = make_target("builtin:linear-elu", dtype="float16")
+    q = np.array([1.0, 0.5]).reshape(1, 1, 2, 1)
+    v = np.array([3.0, -1.0]).reshape(1, 1, 2, 1)
+
+    def in_float16(q, k, v, *, causal):  # features stored in the inputs' float16 before the quotient
+        fq, fk = torch.nn.functional.elu(q) + 1, torch.nn.functional.elu(k) + 1
+        a = fq @ fk.transpose(-1, -2)
+        a = a.masked_fill(~torch.ones(2, 2, dtype=torch.bool).tril(), 0.0)
+        return (a @ v) / a.sum(-1, keepdim=True)
+
+    def verdict(key0: float, fn):
+        k = np.array([key0, 1.0]).reshape(1, 1, 2, 1)
+        o = np.asarray(fn(*(torch.tensor(x, dtype=torch.float16) for x in (q, k, v)), causal=True), dtype=np.float64)
+        f = check_agreement("agreement", o, elu.variant, q, k, v, causal=True, dtype="float16", **elu.params)
+        return o, f
+
+    o, f = verdict(-20.0, in_float16)
+    assert np.isnan(o[0, 0, 0, 0]) and np.isfinite(o[0, 0, 1, 0]), o
+    assert f.measured == np.inf and f.details["rule"] == "non-finite" and f.details["nonfinite_entries"] == 1, f.details
+    o, f = verdict(-20.0, lambda q, k, v, causal: elu.fn(q, k, v, causal=causal))
+    assert o[0, 0, 0, 0] == 3.0 and f.passed and "nonfinite_entries" not in f.details, (o, f.details)
+    o, f = verdict(-120.0, in_float16)
+    assert np.isnan(o[0, 0, 0, 0]) and f.passed and f.details["unbounded_entries"] >= 1, f.details
+    assert "nonfinite_entries" not in f.details, f.details

@@ -588,15 +588,27 @@ def test_trigonometric_favor_in_float32_against_the_linear_form_at_each_chunk_si
 
 
 def test_the_diagonal_subtracted_linear_form_is_a_yardstick(monkeypatch):
-    """gram-diag-subtracted, causal, float16 (a seed-0 ci draw, H = 2, N = 212, d = 3): the builtin computes
-    tau (phi(Q) (phi(K)^T V) - diag(A) V) by the linear form, whose state holds each key's term among the others,
-    and erred 10 times the quadratic definition on the slice's cancelling entries (1.23 against it alone).
-    With the linear form at each chunk size among the yardsticks it passes; the output 3% off and zeros fail."""
+    """gram-diag-subtracted, causal, float16 (a seed-0 ci draw, H = 2, N = 212, d = 3): a kernel computing
+    tau (phi(Q) (phi(K)^T V) - diag(A) V) by the linear form from features stored in float16 (the builtin did,
+    before it kept them in float32), whose state holds each key's term among the others, errs 10 times the
+    quadratic definition on the slice's cancelling entries (1.23 against it alone). With the linear form at each
+    chunk size among the yardsticks it passes; the output 3% off and zeros fail."""
     from dataclasses import replace
+
+    import torch
+
+    from gramcheck.featuremaps import elementwise
+    from gramcheck.forms import linear_recurrence
+    from gramcheck.torch_arith import TORCH
 
     ex = _example("gram_diag_subtracted_f16_causal_cancelling", "float16")
     t = builtin("gram-diag-subtracted", dtype="float16")
-    out = np.asarray(t(ex.q, ex.k, ex.v, causal=True, **ex.extras), dtype=np.float64)
+    phi = elementwise(t.params["feature"])
+    q, k, v = (torch.tensor(x, dtype=torch.float16) for x in (ex.q, ex.k, ex.v))
+    fq, fk = phi(TORCH, q), phi(TORCH, k)  # stored in float16
+    full = linear_recurrence(fq, fk, v, causal=True, wide_output=True)
+    diag = (fq.float() * fk.float()).sum(-1, keepdim=True) * v.float()
+    out = ((full - diag) * t.params["tau"]).to(torch.float16).double().numpy()
 
     def agreement(o, var=t.variant):
         return A.check_agreement("agreement", o, var, ex.q, ex.k, ex.v, causal=True, dtype="float16", **t.params)

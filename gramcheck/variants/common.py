@@ -244,14 +244,15 @@ def torch_normalised(
 ) -> Any:
     """The same quotient computed by one pass of a linear form over [V, 1] (numerator and denominator
     share every rounding pattern of the form, and any decays ``g``, which therefore cancel), divided in
-    the accumulation dtype and stored in the features' dtype once, as a kernel normalises its float32
-    accumulators: a float16 numerator overflows at 65504 where the quotient, at most max |v|, does not."""
+    the accumulation dtype and stored in v's dtype once, as a kernel normalises its float32
+    accumulators: a float16 numerator overflows at 65504 where the quotient, at most max |v|, does not.
+    The features may be wider than v (the callers compute them in float32 registers, as kernels do)."""
     from ..forms import linear_recurrence
 
     dv = v.shape[-1]
     va = _torch().cat([v, v.new_ones(*v.shape[:-1], 1)], dim=-1)
     out = linear_recurrence(fq, fk, va, g, causal=causal, form=form, chunk_size=chunk_size, wide_output=True)
-    return (out[..., :dv] / (out[..., dv:] + eps)).to(fq.dtype)
+    return (out[..., :dv] / (out[..., dv:] + eps)).to(v.dtype)
 
 
 def in_float32(ar: Any, x: Any, fn: Any) -> Any:

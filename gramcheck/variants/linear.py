@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..featuremaps import elementwise
-from ..forms import linear_recurrence
+from ..forms import accumulation_dtype, linear_recurrence
 from ..torch_arith import TORCH
 from .common import attention_matrix, gated_recurrence, kernel_product, ref_normalised, torch_normalised
 from .spec import Variant
@@ -32,8 +32,12 @@ def reference_normalised(ar: Any, q: Any, k: Any, v: Any, *, causal: bool, featu
 def torch_normalised_forward(
     q: Any, k: Any, v: Any, *, causal: bool, form: str, chunk_size: int, feature: str, eps: float
 ) -> Any:
+    """The features in the float32 accumulators, as a kernel computes them in registers: elu(x) + 1 of a
+    float16 key below -17 is 0 in float16, and a row of such keys 0/0 where the output is finite."""
     phi = elementwise(feature)
-    return torch_normalised(phi(TORCH, q), phi(TORCH, k), v, causal=causal, form=form, chunk_size=chunk_size, eps=eps)
+    acc = accumulation_dtype(q)
+    fq, fk = phi(TORCH, q.to(acc)), phi(TORCH, k.to(acc))
+    return torch_normalised(fq, fk, v, causal=causal, form=form, chunk_size=chunk_size, eps=eps)
 
 
 def reference_unnormalised(

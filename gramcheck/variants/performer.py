@@ -176,9 +176,11 @@ def torch_forward(
     """Stabilised without eps (the stabiliser then cancels): keys by their maximum feature by feature, a
     running maximum with the matching decays when causal, so no future token enters (``favor_causal``);
     otherwise the reference code's stabilisers.
-    In float16 the features are computed in float32 and stored in float16, as a kernel computes them in
-    registers: |x|^2 / 2 overflows float16 at |x| ~ 362 where the stabilised features do not. A dtype with
-    float32's range (bfloat16) computes them in the dtype, rounding as the definition does there."""
+    In float16 the features are computed and kept in float32, as a kernel keeps them in registers: |x|^2 / 2
+    overflows float16 at |x| ~ 362 where the stabilised features do not, and features stored in float16
+    underflow to 0/0 on anti-aligned inputs whose output is finite (xformers#96, fixed by computing them in
+    float32). A dtype with float32's range (bfloat16) computes them in the dtype, rounding as the definition
+    does there."""
     import torch
 
     narrow = torch.finfo(q.dtype).max < torch.finfo(torch.float32).max
@@ -189,7 +191,6 @@ def torch_forward(
         fq, fk, g = favor_causal(TORCH, qa, ka, w, kind=p["kind"], scale=p["scale"], causal=causal)
     else:
         fq, fk = _features(TORCH, qa, ka, w, p)
-    fq, fk = fq.to(q.dtype), fk.to(q.dtype)
     return torch_normalised(fq, fk, v, causal=causal, form=form, chunk_size=chunk_size, eps=eps, g=g)
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..featuremaps import elementwise, favor, favor_causal
+from ..forms import accumulation_dtype
 from ..inputs import projection as projection_input
 from ..torch_arith import TORCH
 from . import softmax
@@ -67,7 +68,9 @@ def features_linear(ar: Any, q: Any, k: Any, **p: Any) -> tuple[Any, Any]:
 
 
 def torch_linear(q: Any, k: Any, v: Any, *, causal: bool, form: str, chunk_size: int, **p: Any) -> Any:
-    qn, kn = _normed(TORCH, q, k, p)
+    """The norms and features in the float32 accumulators (``linear.torch_normalised_forward``)."""
+    acc = accumulation_dtype(q)
+    qn, kn = _normed(TORCH, q.to(acc), k.to(acc), p)
     phi = elementwise("elu1")
     return torch_normalised(phi(TORCH, qn), phi(TORCH, kn), v, causal=causal, form=form, chunk_size=chunk_size)
 
@@ -95,8 +98,10 @@ def _gram_performer(ar: Any, q: Any, k: Any, *, projection: Any, **p: Any) -> An
 def torch_performer(
     q: Any, k: Any, v: Any, *, causal: bool, form: str, chunk_size: int, projection: Any, **p: Any
 ) -> Any:
-    qn, kn = _normed(TORCH, q, k, p)
-    w = projection.to(dtype=q.dtype, device=q.device)
+    """The norms and features in the float32 accumulators (``performer.torch_forward``)."""
+    acc = accumulation_dtype(q)
+    qn, kn = _normed(TORCH, q.to(acc), k.to(acc), p)
+    w = projection.to(dtype=acc, device=q.device)
     if causal:  # running-maximum key stabiliser: causal bit for bit (featuremaps.favor_causal)
         fq, fk, g = favor_causal(TORCH, qn, kn, w, scale=1.0)
         return torch_normalised(fq, fk, v, causal=True, form=form, chunk_size=chunk_size, g=g)

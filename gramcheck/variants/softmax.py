@@ -10,6 +10,7 @@ import math
 from typing import Any
 
 from ..arith import F64
+from ..forms import accumulation_dtype
 from ..hyperparams import scale_value
 from ..torch_arith import TORCH
 from .common import attention_matrix, causal_keep, masked_softmax
@@ -69,15 +70,18 @@ def _attend(ar: Any, logits: Any, v: Any, causal: bool) -> Any:
 
 
 def torch_forward(q: Any, k: Any, v: Any, *, causal: bool, form: str, chunk_size: int, scale: Any) -> Any:
+    """The logits, the softmax and P V in the float32 accumulators, stored once, as fused kernels keep them
+    (a float16 logit of -1e6 is -inf, and a row of them 0/0 where the output is v)."""
     import torch
 
+    acc = accumulation_dtype(q)
     s = scale_value(TORCH, scale, q.shape[-1])
-    logits = (q * s) @ k.transpose(-1, -2)  # scaled first: Q K^T alone can overflow float16 (scaled_queries)
+    logits = (q.to(acc) * s) @ k.to(acc).transpose(-1, -2)  # scaled first, as ``scaled_queries``
     if causal:
         n = q.shape[-2]
         mask = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
         logits = logits.masked_fill(~mask, -math.inf)
-    return torch.softmax(logits, dim=-1) @ v
+    return (torch.softmax(logits, dim=-1) @ v.to(acc)).to(v.dtype)
 
 
 VARIANTS = [

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..featuremaps import elementwise
-from ..forms import CHUNK_SIZES, linear_recurrence
+from ..forms import CHUNK_SIZES, accumulation_dtype, linear_recurrence
 from ..hyperparams import scale_value
 from ..torch_arith import TORCH
 from ..validation import check_positive_int
@@ -119,7 +119,8 @@ def reference_diag(ar: Any, q: Any, k: Any, v: Any, *, causal: bool, block_size:
 def torch_diag(
     q: Any, k: Any, v: Any, *, causal: bool, form: str, chunk_size: int, block_size: int, scale: Any
 ) -> Any:
-    """Blocked computation: O(N w d) work, never N x N."""
+    """Blocked computation: O(N w d) work, never N x N; the logits, softmax and P V in the float32
+    accumulators, stored once (as ``softmax.torch_forward``)."""
     import torch
 
     from ..forms import pad_chunks
@@ -128,7 +129,8 @@ def torch_diag(
     n = q.shape[-2]
     w = block_size
     s = scale_value(TORCH, scale, q.shape[-1])
-    qb, kb, vb = pad_chunks(q, w), pad_chunks(k, w), pad_chunks(v, w)
+    acc = accumulation_dtype(q)
+    qb, kb, vb = pad_chunks(q.to(acc), w), pad_chunks(k.to(acc), w), pad_chunks(v.to(acc), w)
     logits = (qb @ kb.transpose(-1, -2)) * s  # (B, H, nb, w, w)
     pos = torch.arange(qb.shape[2] * w, device=q.device).reshape(-1, 1, w)
     keep = pos < n  # padded keys get no weight
@@ -136,7 +138,7 @@ def torch_diag(
         keep = keep & torch.ones(w, w, dtype=torch.bool, device=q.device).tril()
     logits = logits.masked_fill(~keep, -math.inf)
     out = torch.softmax(logits, dim=-1) @ vb
-    return out.reshape(*q.shape[:2], -1, v.shape[-1])[:, :, :n]
+    return out.reshape(*q.shape[:2], -1, v.shape[-1])[:, :, :n].to(v.dtype)
 
 
 # the write-ups' diagonal-subtracted Gram ------------------------------------------------------------
@@ -165,13 +167,13 @@ def torch_diag_subtracted(
     q: Any, k: Any, v: Any, *, causal: bool, form: str, chunk_size: int, feature: str, tau: float
 ) -> Any:
     phi = elementwise(feature)
-    fq, fk = phi(TORCH, q), phi(TORCH, k)
+    acc = accumulation_dtype(q)
+    fq, fk = phi(TORCH, q.to(acc)), phi(TORCH, k.to(acc))  # in registers, as ``linear.torch_normalised_forward``
     # the difference taken from the float32 accumulators, stored once: A V overflows float16 where
     # (A - diag A) V need not
     full = linear_recurrence(fq, fk, v, causal=causal, form=form, chunk_size=chunk_size, wide_output=True)
-    acc = full.dtype
-    diag = (fq.to(acc) * fk.to(acc)).sum(-1, keepdim=True) * v.to(acc)
-    return ((full - diag) * tau).to(fq.dtype)
+    diag = (fq * fk).sum(-1, keepdim=True) * v.to(acc)
+    return ((full - diag) * tau).to(v.dtype)
 
 
 VARIANTS = [
