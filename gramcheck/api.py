@@ -221,6 +221,8 @@ def select_properties(
         return [p for p in applicable if p.default or (own_draws and p.name in _properties.STATISTICAL)]
     if isinstance(properties, str):
         raise TypeError(f"properties: got the string {properties!r}; expected a list of property names")
+    if not properties:
+        raise ValueError("properties: got an empty list; expected property names, or None for every applicable one")
     out = []
     names = {p.name for p in applicable}
     for name in properties:
@@ -276,19 +278,21 @@ def certificate_of(report: Report, target: Any, *, spec: str | None = None, stem
 
     spec = target_spec(target) if spec is None else spec
     fn = target.fn if isinstance(target, Target) else resolve(target)[0]
-    src = None if spec.startswith("builtin:") or fn is None else source_hash(fn)
+    module = spec.split(":")[0] if ":" in spec and not spec.startswith(("builtin:", "python:", "fla:")) else None
+    src = None if spec.startswith("builtin:") or fn is None else source_hash(fn, module)
     return from_report(report, target_spec=spec, source=src, stem=stem, requested=report.requested)
 
 
 @dataclass
 class Verification:
-    """The re-run of a certificate. ``ok``: every setting, verdict and value reproduced, no applicable
-    (or requested) property is missing from the file, and (``strict``) the environment is the same.
-    ``differences``: results that changed; ``environment``: version differences (reported, failing only
-    when strict); ``source_changed``: the target's source hash differs; ``signer``: the signing key's
-    fingerprint (None when unsigned)."""
+    """The re-run of a certificate. ``reproduced``: every setting, verdict, value and detail reproduced, no
+    applicable (or requested) property is missing from the file, and (``strict``) the environment is the
+    same. ``ok``: reproduced, and the certificate records a pass (or ``accept_recorded_failures``): a
+    reproduced record of failures is not an ok. ``differences``: results that changed; ``environment``:
+    version differences (reported, failing only when strict); ``source_changed``: the target's source hash
+    differs; ``signer``: the signing key's fingerprint (None when unsigned); ``coverage``: which properties
+    the certificate covers (every applicable one, or a requested subset, named)."""
 
-    ok: bool
     differences: list[str]
     original: dict[str, Any]
     rerun: dict[str, Any]
@@ -296,6 +300,16 @@ class Verification:
     source_changed: bool = False
     signer: str | None = None
     strict: bool = False
+    accept_recorded_failures: bool = False
+    coverage: str = ""
+
+    @property
+    def reproduced(self) -> bool:
+        return not self.differences and not (self.strict and self.environment)
+
+    @property
+    def ok(self) -> bool:
+        return self.reproduced and (bool(self.original["passed"]) or self.accept_recorded_failures)
 
     @property
     def status(self) -> str:
@@ -309,11 +323,17 @@ class Verification:
 
 
 def verify(
-    path: str | Path, *, strict: bool = False, trusted_key: str | Path | None = None, isolation: str | None = None
+    path: str | Path,
+    *,
+    strict: bool = False,
+    trusted_key: str | Path | None = None,
+    isolation: str | None = None,
+    accept_recorded_failures: bool = False,
 ) -> Verification:
-    """Load a certificate (schema, content hash, counterexample hashes and any signature are checked; a
-    problem raises CertificateError; with ``trusted_key`` it must be signed by that ed25519 public key),
-    re-run the check it records (the requested properties, or every applicable one) and compare."""
+    """Load a certificate (schema, canonical bytes, content hash, counterexample hashes and any signature are
+    checked; a problem raises CertificateError; with ``trusted_key`` it must be signed by that ed25519 public
+    key), re-run the check it records (the requested properties, or every applicable one) and compare. The
+    result is ``ok`` only when it reproduced and records a pass (``accept_recorded_failures``: or failures)."""
     from .certificate import (
         CertificateError,
         check_signature,
@@ -347,5 +367,19 @@ def verify(
     )
     diffs = differences(data, cert.data)
     envs = environment_differences(data, cert.data)
-    ok = not diffs and not (strict and envs)
-    return Verification(ok, diffs, data, cert.data, envs, source_changed(data, cert.data), signer, strict)
+    return Verification(
+        diffs, data, cert.data, envs, source_changed(data, cert.data), signer, strict, accept_recorded_failures,
+        _coverage(data),
+    )  # fmt: skip
+
+
+def _coverage(data: dict[str, Any]) -> str:
+    """Which properties a certificate covers: every applicable one (``requested`` null), or the subset it names."""
+    if data["requested"] is None:
+        return "every applicable property"
+    var = _variants.get(data["variant"])
+    params = dict(var.resolve_params(data["params"] or {}))
+    names = [p.name for p in select_properties(var, data["causal"], params, data["environment"]["dtype"], None)]
+    left = [n for n in names if n not in data["requested"]]
+    subset = f"only the requested {', '.join(data['requested'])}"
+    return subset + (f" (not checked: {', '.join(left)})" if left else "")

@@ -13,6 +13,7 @@ re-runs the check for that. The schema is ``gramcheck/schema/certificate-v1.json
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import importlib.util
 import inspect
@@ -28,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from .findings import passed_verdicts
 from .report import Report
 
 SCHEMA_VERSION = 1
@@ -304,37 +306,39 @@ def _module_file(name: str) -> tuple[str, bool] | None:
     return (path, is_pkg) if str(path).endswith(".py") else None
 
 
-def source_hash(fn: Any) -> str | None:
+def source_hash(fn: Any, module: str | None = None) -> str | None:
     """SHA-256 over the normalised AST (``_normalised_ast``: comments, layout and docstrings do not
-    count) of the module defining ``fn`` and of every module it imports, directly or through each
-    other, from the same top-level package. None where there is no Python source (builtins, C code,
-    ``__main__``)."""
+    count) of the module defining ``fn`` (through ``functools.partial`` and decorators' ``__wrapped__``),
+    of ``module`` (where a 'module:attr' target is defined: a partial's own module is functools), and of
+    every module each imports, directly or through each other, from its top-level package. None where
+    there is no Python source (builtins, C code, ``__main__``)."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
     fn = inspect.unwrap(fn)
-    root = getattr(fn, "__module__", None)
-    if not isinstance(root, str) or root == "__main__":
+    roots = [m for m in (module, getattr(fn, "__module__", None)) if isinstance(m, str) and m != "__main__"]
+    if not roots:
         return None
-    top = root.split(".")[0]
     seen: dict[str, str] = {}
-    todo = [root]
+    todo = [(m, m.split(".")[0]) for m in dict.fromkeys(roots)]
     while todo:
-        name = todo.pop()
+        name, top = todo.pop()
         if name in seen:
             continue
         found = _module_file(name)
         if found is None:
-            if name == root:
+            if name in roots:
                 return None
             continue
         path, is_pkg = found
         try:
             tree = ast.parse(Path(path).read_text(encoding="utf-8"), filename=str(path))
         except (OSError, SyntaxError, UnicodeDecodeError):
-            if name == root:
+            if name in roots:
                 return None
             continue
         imports = _imported_modules(tree, name, is_pkg)
         seen[name] = _normalised_ast(tree)
-        todo.extend(m for m in imports if (m == top or m.startswith(top + ".")) and m not in seen)
+        todo.extend((m, top) for m in imports if (m == top or m.startswith(top + ".")) and m not in seen)
     h = hashlib.sha256()
     for name in sorted(seen):
         h.update(f"{name}\n{seen[name]}\n".encode())
@@ -476,7 +480,12 @@ def load(path: str | Path) -> dict[str, Any]:
             f"certificate: {path} nests JSON {depth} levels deep; a gramcheck certificate nests at most {MAX_NESTING}"
         )
     try:
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=_unique_keys)
+    except DuplicateKeyError as exc:
+        raise CertificateError(
+            f"certificate: {path} repeats the key {exc.key!r} in one object; a certificate's keys are unique (a "
+            "reader that takes another of the two would read another certificate)"
+        ) from None
     except json.JSONDecodeError as exc:
         raise CertificateError(
             f"certificate: {path} is not valid JSON ({exc.msg} at line {exc.lineno}); expected a gramcheck certificate"
@@ -498,12 +507,22 @@ def load(path: str | Path) -> dict[str, Any]:
         raise CertificateError(f"certificate: {path} does not match the schema at {where}: {exc.message}") from None
     if data["content_hash"] != content_hash(data):
         raise CertificateError(f"certificate: {path} content hash mismatch: the file was changed after it was written")
-    verdicts = all(e["verdict"] != "fail" for e in data["properties"])
+    names = [e["property"] for e in data["properties"]]
+    if len(set(names)) != len(names):
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise CertificateError(f"certificate: {path} lists the properties {twice} more than once; expected each once")
+    verdicts = passed_verdicts([e["verdict"] for e in data["properties"]])
     if data["passed"] != verdicts:
         raise CertificateError(
-            f"certificate: {path} says passed={data['passed']} but its properties' verdicts say {verdicts}"
+            f"certificate: {path} says passed={data['passed']} but its properties' verdicts say {verdicts} (a "
+            "certificate passes when no property failed and at least one was judged)"
         )
     check_signature(data, where=str(path))
+    if text != canonical_json(data):
+        raise CertificateError(
+            f"certificate: {path} is not in canonical form (sorted keys, no whitespace, as gramcheck writes it): the "
+            "file was rewritten after it was written, and its bytes are not the ones hashed and signed"
+        )
     folder = path.parent.resolve()
     for entry in data["properties"]:
         name = entry.get("counterexample_file")
@@ -527,13 +546,16 @@ def load(path: str | Path) -> dict[str, Any]:
 
 
 def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """Human-readable differences in what was checked and what it gave: settings, verdicts, values, and
-    properties present in one certificate only. Environment and source differences are not results:
-    see ``environment_differences`` and ``source_changed``."""
+    """Human-readable differences in what was checked and what it gave: settings, the target's name, every
+    field of every property's entry (verdict, values, details, counterexample), and properties present in
+    one certificate only. Environment and source differences are not results: see
+    ``environment_differences`` and ``source_changed``."""
     out = []
     for key in ("variant", "params", "causal", "domain", "profile", "seed", "requested", "passed"):
         if old.get(key) != new.get(key):
             out.append(f"{key}: {old.get(key)!r} -> {new.get(key)!r}")
+    if old["target"].get("name") != new["target"].get("name"):
+        out.append(f"target.name: {old['target'].get('name')!r} -> {new['target'].get('name')!r}")
     for key, default in (("device", None), ("dtype", None), ("subnormals", "gradual")):
         a, b = (c["environment"].get(key, default) for c in (old, new))
         if a != b:
@@ -549,9 +571,31 @@ def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
         if b is None:
             out.append(f"property {name}: in the certificate but not applicable or not requested on re-run")
             continue
-        for field in ("verdict", "measured", "bound", "examples", "rigour", "failure"):
-            if a.get(field) != b.get(field):
-                out.append(f"property {name}.{field}: {a.get(field)!r} -> {b.get(field)!r}")
+        for field in sorted((set(a) | set(b)) - {"counterexample_file"}):  # named by where it lies; its hash compared
+            if canonical_json(a.get(field)) != canonical_json(b.get(field)):
+                out.append(f"property {name}.{field}: {_short(a.get(field))} -> {_short(b.get(field))}")
+    return out
+
+
+def _short(x: Any, limit: int = 200) -> str:
+    """repr(x), cut to ``limit`` characters (a details dict can be long)."""
+    r = repr(x)
+    return r if len(r) <= limit else r[:limit] + f"... ({len(r)} characters)"
+
+
+class DuplicateKeyError(ValueError):
+    def __init__(self, key: str):
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """json's object_pairs_hook: the object, or DuplicateKeyError on a key given twice."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise DuplicateKeyError(key)
+        out[key] = value
     return out
 
 

@@ -171,7 +171,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     else:
         console = _console()
         console.print(_findings_table(report.summary().splitlines()[0], report.findings))
-        console.print(f"{len(report.findings) - len(report.failures)} passed, {len(report.failures)} failed")
+        for line in report.tally():
+            console.print(line, markup=False)
     return 0 if report.passed else 1
 
 
@@ -186,7 +187,7 @@ def cmd_certify(args: argparse.Namespace) -> int:
     console = _console()
     console.print(_findings_table(report.summary().splitlines()[0], report.findings))
     console.print(
-        f"certificate written to {path} ({'passed' if cert.passed else 'FAILED'}; "
+        f"certificate written to {path} ({'passed' if cert.passed else 'NOT PASSED'}; "
         f"{len(cert.attachments)} counterexample file(s))"
     )
     return 0 if cert.passed else 1
@@ -200,6 +201,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         strict=args.strict,
         trusted_key=args.trusted_key,
         isolation="process" if args.isolate else None,
+        accept_recorded_failures=args.accept_recorded_failures,
     )
     console = _console()
     n = len(result.original["properties"])
@@ -209,15 +211,17 @@ def cmd_verify(args: argparse.Namespace) -> int:
     for d in result.environment:
         console.print(f"  environment differs (reported{', fails under --strict' if args.strict else ''}): {d}",
                       markup=False)
-    if not result.ok:
+    if not result.reproduced:
         console.print(f"[red]{args.certificate}: did not reproduce: {result.status}[/red]")
         for d in result.differences:
             console.print(f"  {d}", markup=False)
         return 1
     recorded = "passed" if result.original["passed"] else "failed (as recorded)"
-    console.print(f"{args.certificate}: {result.status} ({n} properties, {recorded})", markup=False)
-    if not result.original["passed"] and not args.accept_recorded_failures:
-        console.print("the certificate records failures: exit 1 (--accept-recorded-failures to accept them)")
+    console.print(f"{args.certificate}: {result.status} ({n} properties, {recorded}; covers {result.coverage})",
+                  markup=False)
+    if not result.ok:
+        console.print("the certificate records failures, or judged nothing: exit 1 (--accept-recorded-failures to "
+                      "accept them)", markup=False)
         return 1
     return 0
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -27,6 +27,13 @@ SENSES: dict[str, Callable[[float, float], bool]] = {
     ">": operator.gt,
 }
 VERDICTS = ("pass", "fail", "skipped")
+
+
+def passed_verdicts(verdicts: Iterable[str]) -> bool:
+    """Whether a check whose properties have these verdicts passed: none failed and at least one was judged (a
+    check whose every property was skipped, or that ran none, checked nothing, and says so by not passing)."""
+    seen = list(verdicts)
+    return "fail" not in seen and "pass" in seen
 
 
 def error_ratios(err: Any, bound: Any) -> np.ndarray:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .findings import Finding
+from .findings import Finding, passed_verdicts
 
 
 def _num(x: Any) -> str:
@@ -85,7 +85,8 @@ class Report:
 
     @property
     def passed(self) -> bool:
-        return all(f.passed for f in self.findings)
+        """No property failed and at least one was judged (``findings.passed_verdicts``)."""
+        return passed_verdicts(f.verdict for f in self.findings)
 
     @property
     def failures(self) -> list[Finding]:
@@ -105,8 +106,17 @@ class Report:
         lines = [head]
         for f in self.findings:
             lines.append("  " + render_finding(f))
-        lines.append(f"  {len(self.findings) - len(self.failures)} passed, {len(self.failures)} failed")
+        lines += ["  " + line for line in self.tally()]
         return "\n".join(lines)
+
+    def tally(self) -> list[str]:
+        """The counts line ('7 passed, 0 failed, 2 skipped'), and a line saying so when nothing was judged."""
+        skipped = sum(1 for f in self.findings if f.skipped)
+        passed = len(self.findings) - len(self.failures) - skipped
+        lines = [f"{passed} passed, {len(self.failures)} failed" + (f", {skipped} skipped" if skipped else "")]
+        if not self.passed and not self.failures:
+            lines.append("nothing was judged: every property was skipped (not a pass)")
+        return lines
 
     def raise_for_failures(self) -> None:
         if self.passed:

@@ -201,6 +201,10 @@ class _Failed(Exception):
         self.finding = finding
 
 
+class _Skipped(_Failed):
+    """An example's Finding says the property does not apply to the target (``Finding.skip``): no example is one."""
+
+
 def run_property(
     prop: Property,
     target: Target,
@@ -273,6 +277,9 @@ def _run_property(
             with _no_local_constants():
                 ex = sample(one, seed=seed, index=2)
             f = _guarded_call(prop, target, ex, causal)
+            if f is not None and f.skipped:
+                f.details["examples"] = 0
+                return f
             state.drawn[kind] = state.drawn.get(kind, 0) + 1
             if f is None:
                 continue
@@ -291,6 +298,8 @@ def _run_property(
                 _coverage(f, kinds, state, rows)
                 annotate(f, prop, target, ex, causal=causal, chunks=domain.chunks)
                 return f
+    if isinstance(result, Finding) and result.skipped:
+        return result  # the property does not apply to this target: no example, no coverage
     if isinstance(result, Finding):
         if result.details.get("failure") not in ("nondeterministic", "internal-error") or state.failing:
             _coverage(result, kinds, state, rows)
@@ -353,6 +362,8 @@ def _search(
     def search(ex: Any) -> None:
         # a hanging or crashing target is not called again: shrinking would wait out (or restart) every call
         f = state.timed_out[0] if state.timed_out else prop.fn(target, ex, causal=causal)
+        if f is not None and f.skipped:
+            raise _Skipped(f)
         state.drawn[ex.kind] = state.drawn.get(ex.kind, 0) + 1
         if f is None:
             reject()
@@ -370,6 +381,9 @@ def _search(
     try:
         with _no_local_constants():
             search()
+    except _Skipped as skipped:
+        skipped.finding.details["examples"] = 0
+        return skipped.finding
     except _Failed as failed:
         f = state.timed_out[0] if state.timed_out else failed.finding
         f.details.setdefault("examples", state.count)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gramcheck import CertificateError, certify, verify
-from gramcheck.certificate import content_hash, load, source_hash
+from gramcheck.certificate import canonical_json, content_hash, load, source_hash
 from gramcheck.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,7 +23,7 @@ LEAK = "broken:softmax_leaking_one_future_token"
 def _rewrite(path, data):
     data.pop("signature", None)
     data["content_hash"] = content_hash(data)
-    path.write_text(json.dumps(data, sort_keys=True, separators=(",", ":")) + "\n")
+    path.write_text(canonical_json(data))
 
 
 @pytest.fixture(scope="module")
@@ -131,6 +131,24 @@ def test_source_hash_ignores_comments_and_docstrings_and_sees_imported_helpers(t
     assert source_hash(gcpkg.attn.fn) == h0
     (tmp_path / "gcpkg" / "helper.py").write_text("def shift():\n    return 0.0 * 1\n")
     assert source_hash(gcpkg.attn.fn) != h0
+
+
+def test_the_source_hash_of_a_partial_target_covers_the_module_that_defines_it(tmp_path, monkeypatch):
+    """A 'module:attr' target that is a functools.partial: its own __module__ is functools, and the hash covered the
+    standard library; it covers the module the attribute lives in (and what it imports) now."""
+    from gramcheck.api import certificate_of, check
+
+    pkg = tmp_path / "gcpart"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    body = "import functools\n\nfrom gramcheck import variants as V\n\n\ndef _attn(q, k, v, *, causal, shift):\n"
+    body += "    return V.get('softmax').torch(q, k, v, causal=causal) + shift\n\n\nfn = functools.partial(_attn, shift=0.0)\n"
+    (pkg / "attn.py").write_text(body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    report = check("gcpart.attn:fn", "softmax", properties=["agreement"], domain=TINY)
+    h0 = certificate_of(report, "gcpart.attn:fn").data["target"]["source_sha256"]
+    (pkg / "attn.py").write_text(body.replace("shift=0.0", "shift=0.5"))
+    assert certificate_of(report, "gcpart.attn:fn").data["target"]["source_sha256"] != h0
 
 
 def test_verify_tells_source_changes_from_result_changes(tmp_path, monkeypatch):
@@ -268,3 +286,105 @@ def test_a_flushing_target_is_recorded_and_verified_under_the_flushing_model(tmp
     assert main(["check", "builtin:retnet", "--causal", "--subnormals", "flush", "--property", "agreement",
                  "--max-n", "4", "--max-d", "2", "--examples", "2"]) == 0
     assert "flushing subnormals" in capsys.readouterr().out
+
+
+def test_a_key_given_twice_or_a_rewritten_layout_is_refused_even_under_a_signature(leaky, tmp_path):
+    """The signature covers the canonical JSON of the parsed object, and Python's parser keeps the last of a key
+    given twice: a key prepended to a signed file (``"passed":true`` before the real one) left the signature
+    valid while a first-key reader saw another certificate. A repeated key is refused, and so is any layout
+    other than the canonical bytes gramcheck writes (the bytes hashed and signed)."""
+    pytest.importorskip("cryptography")
+    assert main(["keygen", str(tmp_path / "k.pem"), str(tmp_path / "k.pub")]) == 0
+    cert, _ = leaky
+    signed = tmp_path / "signed.json"
+    cert.sign(tmp_path / "k.pem").write(signed)
+    for name in cert.attachments:
+        (tmp_path / name).write_bytes(cert.attachments[name])
+    load(signed)
+    text = signed.read_text()
+    doubled = tmp_path / "doubled.json"
+    doubled.write_text('{"passed":true,"properties":[],' + text[1:])
+    with pytest.raises(CertificateError, match="repeats the key 'passed'"):
+        load(doubled)
+    pretty = tmp_path / "pretty.json"
+    pretty.write_text(json.dumps(json.loads(text), indent=1))
+    for name in cert.attachments:
+        (tmp_path / name).write_bytes(cert.attachments[name])
+    with pytest.raises(CertificateError, match="not in canonical form"):
+        load(pretty)
+
+
+def test_every_field_of_a_property_is_compared_and_each_property_is_listed_once(leaky, tmp_path):
+    """verify compared verdict, measured, bound, examples, rigour and failure only: a rehashed file whose details
+    dropped the 'not judged on every example' note, or whose margin or counterexample was edited, reproduced.
+    Every field is compared now, and a property listed twice (a made-up entry before the real one) is refused."""
+    _, path = leaky
+    for npz in path.parent.glob("leak.*.npz"):  # the counterexample files, beside the edited copies
+        (tmp_path / npz.name).write_bytes(npz.read_bytes())
+    data = json.loads(path.read_text())
+    at = next(i for i, e in enumerate(data["properties"]) if e["verdict"] == "pass")
+    edits = {
+        "details": lambda e: e["details"].update(note="every entry judged"),
+        "margin": lambda e: e.update(margin=1e9),
+        "counterexample": lambda e: e.update(counterexample={"kind": "gaussian"}),
+    }
+    for field, edit in edits.items():
+        forged = json.loads(path.read_text())
+        edit(forged["properties"][at])
+        out = tmp_path / f"{field}.json"
+        _rewrite(out, forged)
+        result = verify(out, accept_recorded_failures=True)
+        assert not result.ok and any(f".{field}:" in d for d in result.differences), (field, result.differences)
+    twice = json.loads(path.read_text())
+    twice["properties"].insert(0, dict(twice["properties"][at], measured=0.0, rigour="proved"))
+    out = tmp_path / "twice.json"
+    _rewrite(out, twice)
+    with pytest.raises(CertificateError, match="more than once"):
+        load(out)
+
+
+def test_verify_is_ok_only_for_a_reproduced_pass(leaky, capsys):
+    """README's ``assert gramcheck.verify("cert.json").ok`` let a reproduced record of failures through (the CLI
+    exited 1 on it): ``ok`` is now a reproduced certificate that records a pass, or failures accepted."""
+    _, path = leaky
+    result = verify(path)
+    assert result.reproduced and not result.ok and result.status == "reproduced"
+    assert verify(path, accept_recorded_failures=True).ok
+
+
+def test_a_subset_certificate_names_what_it_does_not_cover(leaky, tmp_path, capsys):
+    """A certificate of the properties a check was asked for is legitimate and verifies, the failing ones dropped
+    included when they were not requested; it says so: verify names the requested subset and the applicable
+    properties it does not cover. An empty property list is an error, not a certificate of nothing."""
+    _, path = leaky
+    data = json.loads(path.read_text())
+    kept = [e for e in data["properties"] if e["verdict"] == "pass"]
+    narrowed = dict(data, properties=kept, passed=True, requested=[e["property"] for e in kept])
+    out = tmp_path / "subset.json"
+    _rewrite(out, narrowed)
+    result = verify(out)
+    assert result.ok and result.coverage.startswith("only the requested"), result.coverage
+    assert "not checked: " in result.coverage and "causality" in result.coverage.split("not checked: ")[1]
+    assert main(["verify", str(out)]) == 0
+    assert "covers only the requested" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="properties: got an empty list"):
+        certify(LEAK, "softmax", causal=True, domain=TINY, properties=[])
+
+
+def test_a_check_that_judges_nothing_does_not_pass(tmp_path, capsys):
+    """Every property skipped (packing and packing-isolation on a target without ``cu_seqlens``): the report, the
+    certificate and the CLI said passed. Nothing was judged, so nothing passed: ``passed`` is False, the summary
+    says so, a skipped property records 0 examples, and the certificate loads with passed false."""
+    from gramcheck import check
+
+    spec = "broken:gla_with_inverted_decay"  # any target without cu_seqlens: packing does not apply to it
+    r = check(spec, "gla", causal=True, properties=["packing", "packing-isolation"], domain=TINY)
+    assert all(f.skipped for f in r.findings) and not r.failures, r.summary()
+    assert not r.passed and "nothing was judged" in r.summary()
+    assert all(f.details["examples"] == 0 for f in r.findings), [f.details for f in r.findings]
+    out = tmp_path / "nothing.json"
+    cert = certify(spec, "gla", causal=True, properties=["packing"], domain=TINY, out=str(out))
+    assert not cert.passed and not load(out)["passed"]
+    args = ["check", spec, "--variant", "gla", "--causal", "--property", "packing", "--max-n", "4", "--max-d", "2"]
+    assert main(args) == 1
+    assert "nothing was judged" in capsys.readouterr().out
