@@ -117,10 +117,24 @@ def _check_timeout(timeout: Any) -> None:
         raise ValueError(f"timeout: got {timeout!r}; expected a positive finite number of seconds, or None")
 
 
-def _check_seed(seed: Any) -> int:
+def check_seed(seed: Any) -> int:
+    """``seed`` itself when it is an integer (a TypeError naming ``seed`` otherwise)."""
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(f"seed: got {seed!r} ({type(seed).__name__}); expected an integer")
     return seed
+
+
+def check_domain(
+    var: Any, domain: Domain | dict[str, Any] | None, profile: str, *, memory_budget: float | None = None
+) -> Domain:
+    """``domain`` as a Domain, its kinds known (``strategies.KINDS``) and the largest input of the sizes
+    ``profile`` draws within ``memory_budget`` bytes (``Domain.check_memory``); a ValueError naming the
+    argument otherwise."""
+    dom = domain if isinstance(domain, Domain) else Domain(**(domain or {}))
+    for k in dom.kinds or ():
+        check_choice("domain.kinds", k, KINDS)
+    dom.resolved(profile).check_memory(var, budget=memory_budget)
+    return dom
 
 
 def check(
@@ -162,14 +176,11 @@ def check(
     are tiny and a parallel region costs more than their work; 0 leaves the settings alone)."""
     check_choice("profile", profile, tuple(PROFILES))
     check_choice("isolation", isolation, ISOLATIONS)
-    seed = _check_seed(seed)
+    seed = check_seed(seed)
     t = make_target(target, variant, dtype=dtype, device=device, params=params, timeout=timeout, subnormals=subnormals)
     var = t.variant
     var.check_causal(causal)
-    dom = domain if isinstance(domain, Domain) else Domain(**(domain or {}))
-    for k in dom.kinds or ():
-        check_choice("domain.kinds", k, KINDS)
-    dom.resolved(profile).check_memory(var, budget=memory_budget)  # the sizes the profile will draw
+    dom = check_domain(var, domain, profile, memory_budget=memory_budget)
     props = select_properties(var, causal, dict(t.params), t.dtype, properties, own_draws=bool(t.own_draws))
     report = Report(
         t.name,

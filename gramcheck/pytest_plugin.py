@@ -66,16 +66,26 @@ def attention_suite(
     profile: str | None = None,
     seed: int | None = None,
     timeout: float | None = 60.0,
+    memory_budget: float | None = None,
 ) -> Callable[..., None]:
     """A pytest test function, parametrized over the properties gramcheck checks for ``target`` as an
-    implementation of ``variant`` (the same arguments as ``gramcheck.check``)."""
+    implementation of ``variant`` (the same arguments as ``gramcheck.check``, validated as ``check``
+    validates them when the suite is defined, i.e. at collection). ``--gramcheck-profile`` and
+    ``--gramcheck-seed`` override ``profile`` and ``seed``, which default to 'ci' and 0."""
     from . import properties as _properties
-    from .api import make_target, select_properties, target_spec
+    from .api import check_domain, check_seed, make_target, select_properties, target_spec
+    from .strategies import PROFILES
+    from .validation import check_choice
 
+    if profile is not None:
+        check_choice("profile", profile, tuple(PROFILES))
+    if seed is not None:
+        check_seed(seed)
     t = make_target(
         target, variant, dtype=dtype, device=device, params=params, timeout=timeout, subnormals=subnormals
     )
     t.variant.check_causal(causal)
+    check_domain(t.variant, domain, profile or "ci", memory_budget=memory_budget)
     # the same selection, order and record as ``check``, so the certificate has the CLI's bytes
     names = [p.name for p in select_properties(
         t.variant, causal, dict(t.params), t.dtype, properties or None, own_draws=bool(t.own_draws)
@@ -89,14 +99,14 @@ def attention_suite(
     @pytest.mark.gramcheck
     @pytest.mark.parametrize("gramcheck_property", names)
     def test(gramcheck_property: str, request: Any) -> None:
-        from .search import Domain, run_property
+        from .search import run_property
 
         cfg = request.config
         prof = cfg.getoption("--gramcheck-profile") or profile or "ci"
         sd = cfg.getoption("--gramcheck-seed")
         sd = seed if sd is None else sd
         sd = 0 if sd is None else sd
-        dom = Domain(**(domain or {}))
+        dom = check_domain(t.variant, domain, prof, memory_budget=memory_budget)  # the option's profile too
         finding = run_property(
             _properties.get(gramcheck_property), t, causal=causal, domain=dom, profile_name=prof, seed=sd
         )

@@ -64,3 +64,26 @@ def test_profile_and_seed_options(project):
     assert cert["seed"] == 7 and [e["property"] for e in cert["properties"]] == ["agreement"]
     bad = project.runpytest_subprocess("-q", "--gramcheck-profile", "fast")
     assert bad.ret != 0 and "invalid choice" in bad.stderr.str()
+
+
+TINY = {"max_n": 4, "max_d": 2, "examples": 2}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "argument"),
+    [
+        ({"seed": "x"}, TypeError, "seed:"),
+        ({"seed": True}, TypeError, "seed:"),
+        ({"profile": "fast"}, ValueError, "profile:"),
+        ({"domain": {"kinds": ["bogus"]}}, ValueError, "domain.kinds:"),
+        ({"domain": {"min_n": 10**6, "max_n": 10**6}}, ValueError, "domain.max_n:"),
+        ({"domain": TINY, "memory_budget": 1000}, ValueError, "memory budget"),
+    ],
+)
+def test_suite_arguments_are_validated_as_check_validates_them(kwargs, error, argument):
+    """A bad seed, profile, input kind or a domain over the memory budget is an error when the suite is
+    defined (at collection), naming the argument, as ``gramcheck.check`` gives."""
+    from gramcheck.pytest_plugin import attention_suite
+
+    with pytest.raises(error, match=argument):
+        attention_suite("builtin:linear-elu", causal=True, properties=["causality"], **kwargs)
