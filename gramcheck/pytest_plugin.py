@@ -7,7 +7,8 @@
     test_linear_attention = attention_suite(linear_attention, "linear-elu", causal=True)
 
 gives one pytest test per applicable property (``test_linear_attention[agreement]``, ...); a failure's
-message holds the shrunk counterexample. Options: ``--gramcheck-profile {ci,thorough}``,
+message holds the shrunk counterexample, and a property that could not be judged here (its Finding's
+verdict 'skipped') is reported SKIPPED with the Finding's reason. Options: ``--gramcheck-profile {ci,thorough}``,
 ``--gramcheck-seed N``, ``--gramcheck-certificates DIR`` (one certificate per suite, also under
 pytest-xdist, where each worker writes a partial file and the controller merges them).
 """
@@ -135,6 +136,8 @@ def attention_suite(
             if finding.counterexample:
                 msg.append(f"shrunk counterexample: {finding.counterexample}")
             pytest.fail("\n".join(msg), pytrace=False)
+        if finding.skipped:
+            pytest.skip(f"gramcheck: {gramcheck_property} not judged: {finding.skipped}")
 
     test.__doc__ = f"gramcheck properties of {spec} as {t.variant.name}"
     return test

@@ -67,6 +67,11 @@ def test_profile_and_seed_options(project):
 
 
 TINY = {"max_n": 4, "max_d": 2, "examples": 2}
+QUIET = ("-q", "-p", "no:cacheprovider")
+
+
+def _certificates(directory: Path) -> dict[str, dict]:
+    return {p.name: json.loads(p.read_text()) for p in sorted(directory.glob("*.json"))}
 
 
 @pytest.mark.parametrize(
@@ -87,3 +92,21 @@ def test_suite_arguments_are_validated_as_check_validates_them(kwargs, error, ar
 
     with pytest.raises(error, match=argument):
         attention_suite("builtin:linear-elu", causal=True, properties=["causality"], **kwargs)
+
+
+def test_a_property_that_could_not_be_judged_is_skipped_with_its_reason(project):
+    project.makepyfile(
+        test_packing=f"""
+        from mylinattn.attention import linear_attention
+        from gramcheck.pytest_plugin import attention_suite
+
+        test_packing = attention_suite(linear_attention, "linear-elu", causal=True, properties=["packing"],
+                                       domain={TINY})
+    """
+    )
+    result = project.runpytest_subprocess(*QUIET, "-rs", "test_packing.py", "--gramcheck-certificates", "c")
+    result.assert_outcomes(skipped=1)
+    assert "gramcheck: packing not judged: " in result.stdout.str() and "takes no cu_seqlens" in result.stdout.str()
+    (cert,) = _certificates(project.path / "c").values()
+    assert [(e["property"], e["verdict"]) for e in cert["properties"]] == [("packing", "skipped")]
+
