@@ -8,13 +8,20 @@
 
 gives one pytest test per applicable property (``test_linear_attention[agreement]``, ...); a failure's
 message holds the shrunk counterexample, and a property that could not be judged here (its Finding's
-verdict 'skipped') is reported SKIPPED with the Finding's reason. Options: ``--gramcheck-profile {ci,thorough}``,
-``--gramcheck-seed N``, ``--gramcheck-certificates DIR`` (one certificate per suite, also under
-pytest-xdist, where each worker writes a partial file and the controller merges them).
+verdict 'skipped') is reported SKIPPED with the Finding's reason. Options: ``--gramcheck-profile
+{ci,thorough}``, ``--gramcheck-seed N``, ``--gramcheck-certificates DIR``.
+
+Certificates: one per suite and session (profile and seed), named ``SPEC-VARIANT-MODE-DTYPE-DIGEST.json``
+where DIGEST is a hash of every setting the certificate records, so that two suites of one target never
+share a file. A certificate records exactly the properties that ran: when only some of a suite's tests ran
+(``-k``, a deselection, an error before the Finding), ``requested`` lists the ones that did, so the file
+still verifies (``gramcheck verify`` re-runs what it records). Under pytest-xdist each process writes a
+partial file and the controller merges them (identical bytes with and without xdist).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -51,6 +58,14 @@ def pytest_configure(config: Any) -> None:
 
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_")[:120]
+
+
+def _stem(spec: str, t: Any, causal: bool, settings: list[Any]) -> str:
+    """The certificate's file stem: readable (target, variant, mode, dtype) and, after it, a digest of
+    every setting that changes what the certificate records, so that two suites never share a file."""
+    flush = "-flush" if t.subnormals == "flush" else ""
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    return _slug(f"{spec}-{t.variant.name}-{'causal' if causal else 'full'}-{t.dtype}{flush}") + f"-{digest}"
 
 
 def attention_suite(
@@ -93,9 +108,6 @@ def attention_suite(
     )]
     requested = list(names) if properties else None
     spec = target_spec(target)
-    key = json.dumps(
-        [spec, t.variant.name, causal, t.dtype, device, subnormals, sorted((params or {}).items())], default=str
-    )
 
     @pytest.mark.gramcheck
     @pytest.mark.parametrize("gramcheck_property", names)
@@ -111,8 +123,10 @@ def attention_suite(
         finding = run_property(
             _properties.get(gramcheck_property), t, causal=causal, domain=dom, profile_name=prof, seed=sd
         )
+        settings = [spec, t.variant.name, dict(t.overrides), causal, t.dtype, t.device, t.subnormals, t.timeout]
+        settings += [names, requested, dom.resolved(prof).to_dict(), prof, sd]
         getattr(cfg, _RESULTS_KEY, {}).setdefault(
-            key,
+            _stem(spec, t, causal, settings),
             {
                 "spec": spec,
                 "target": t,
@@ -120,11 +134,11 @@ def attention_suite(
                 "profile": prof,
                 "seed": sd,
                 "domain": dom,
-                "findings": [],
+                "findings": {},
                 "order": names,
                 "requested": requested,
             },
-        )["findings"].append(finding)
+        )["findings"][finding.name] = finding
         if not finding.passed:
             from .report import render_finding
 
@@ -144,22 +158,28 @@ def attention_suite(
 
 
 def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
+    """Each process writes a partial certificate per suite; the controller (or the only process) merges
+    the partial files into one certificate per suite."""
     out = session.config.getoption("--gramcheck-certificates", default=None)
     if not out:
         return
-    from .api import certificate_of
-    from .certificate import canonical_json, content_hash
-    from .report import Report
-
     directory = Path(out)
     directory.mkdir(parents=True, exist_ok=True)
-    results = getattr(session.config, _RESULTS_KEY, {})
-    tag = getattr(session.config, "workerinput", {}).get("workerid", "main")
-    for r in results.values():
+    _write_partials(getattr(session.config, _RESULTS_KEY, {}), directory, session.config)
+    if not hasattr(session.config, "workerinput"):  # a pytest-xdist worker leaves the merge to the controller
+        _merge_partials(directory)
+
+
+def _write_partials(results: dict[str, dict[str, Any]], directory: Path, config: Any) -> None:
+    """One ``.STEM~WORKER~PID.partial.json`` per suite this process ran tests of (the certificate
+    of its Findings, with the suite's property order), counterexample files beside it."""
+    from .api import certificate_of
+    from .certificate import canonical_json
+    from .report import Report
+
+    tag = getattr(config, "workerinput", {}).get("workerid", "main")
+    for stem, r in results.items():
         t = r["target"]
-        flush = "-flush" if t.subnormals == "flush" else ""
-        slug = _slug(f"{r['spec']}-{t.variant.name}-{'causal' if r['causal'] else 'full'}-{t.dtype}{flush}")
-        findings = sorted(r["findings"], key=lambda f: r["order"].index(f.name))
         report = Report(
             t.name,
             t.variant.name,
@@ -169,32 +189,37 @@ def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
             r["profile"],
             r["seed"],
             r["domain"].resolved(r["profile"]).to_dict(),
-            findings,
+            [r["findings"][n] for n in r["order"] if n in r["findings"]],
             params=dict(t.overrides),
             requested=r["requested"],
             subnormals=t.subnormals,
         )
-        cert = certificate_of(report, t, spec=r["spec"], stem=slug)
+        cert = certificate_of(report, t, spec=r["spec"], stem=stem)
         for name, blob in cert.attachments.items():
             (directory / name).write_bytes(blob)
-        (directory / f".{slug}~{tag}~{os.getpid()}.partial.json").write_text(canonical_json(cert.data))
-    if hasattr(session.config, "workerinput"):
-        return  # a pytest-xdist worker: the controller merges
-    # merge the partial files (one per process that ran part of a suite) into one certificate per suite
-    groups: dict[str, list[dict[str, Any]]] = {}
-    for part in sorted(directory.glob(".*.partial.json")):
-        slug = part.name[1:].split("~")[0]
-        groups.setdefault(slug, []).append(json.loads(part.read_text()))
-        part.unlink()
-    for slug, parts in groups.items():
-        merged = dict(parts[0])
-        entries = {e["property"]: e for p in parts for e in p["properties"]}
-        from . import properties as _properties
+        part = {"stem": stem, "order": r["order"], "certificate": cert.data}
+        (directory / f".{stem}~{tag}~{os.getpid()}.partial.json").write_text(canonical_json(part))
 
-        # the order check runs them in: as requested, else the catalogue's
-        order = {n: i for i, n in enumerate(merged.get("requested") or _properties.names())}
-        merged["properties"] = [entries[k] for k in sorted(entries, key=lambda n: (order.get(n, len(order)), n))]
+
+def _merge_partials(directory: Path) -> None:
+    """Merge the partial files (one per process that ran part of a suite) into
+    ``STEM.json``, removing them. The properties are in the suite's order; when only some of them ran,
+    ``requested`` names those, so the certificate claims (and ``verify`` re-runs) exactly what ran."""
+    from .certificate import canonical_json, content_hash
+
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for path in sorted(directory.glob(".*.partial.json")):
+        part = json.loads(path.read_text())
+        groups.setdefault(part["stem"], []).append(part)
+        path.unlink()
+    for stem, parts in groups.items():
+        order = parts[0]["order"]
+        entries = {e["property"]: e for p in parts for e in p["certificate"]["properties"]}
+        merged = dict(parts[0]["certificate"])
+        merged["properties"] = [entries[n] for n in order if n in entries]
+        if len(merged["properties"]) < len(order):
+            merged["requested"] = [e["property"] for e in merged["properties"]]
         merged["passed"] = all(e["verdict"] != "fail" for e in merged["properties"])
         merged.pop("content_hash", None)
         merged["content_hash"] = content_hash(merged)
-        (directory / f"{slug}.json").write_text(canonical_json(merged), encoding="utf-8")
+        (directory / f"{stem}.json").write_text(canonical_json(merged), encoding="utf-8")

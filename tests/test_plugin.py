@@ -2,6 +2,7 @@
 
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -110,3 +111,46 @@ def test_a_property_that_could_not_be_judged_is_skipped_with_its_reason(project)
     (cert,) = _certificates(project.path / "c").values()
     assert [(e["property"], e["verdict"]) for e in cert["properties"]] == [("packing", "skipped")]
 
+
+def test_two_suites_of_one_target_get_a_certificate_each(project):
+    """Suites differing in properties or domain only: one certificate each, named deterministically, each
+    with its own settings and Findings, each verifying."""
+    from gramcheck import verify
+
+    project.makepyfile(
+        test_two=f"""
+        from gramcheck.pytest_plugin import attention_suite
+
+        test_one = attention_suite("builtin:linear-elu", causal=True, properties=["causality"], domain={TINY})
+        test_two = attention_suite("builtin:linear-elu", causal=True, properties=["causality", "agreement"],
+                                   domain={TINY})
+        test_big = attention_suite("builtin:linear-elu", causal=True, properties=["causality", "agreement"],
+                                   domain={{**{TINY}, "max_n": 6}})
+    """
+    )
+    for out in ("a", "b"):
+        result = project.runpytest_subprocess(*QUIET, "test_two.py", "--gramcheck-certificates", out)
+        result.assert_outcomes(passed=5)
+    certs = _certificates(project.path / "a")
+    assert [p.read_bytes() for p in sorted((project.path / "a").glob("*.json"))] == [
+        p.read_bytes() for p in sorted((project.path / "b").glob("*.json"))
+    ]
+    both = ["causality", "agreement"]
+    settings = sorted(([e["property"] for e in c["properties"]], c["requested"], c["domain"]["max_n"])
+                      for c in certs.values())
+    assert settings == [(["causality"], ["causality"], 4), (both, both, 4), (both, both, 6)]
+    for name in certs:
+        assert name.startswith("builtin_linear-elu-linear-elu-causal-float32-")
+        assert verify(project.path / "a" / name).ok
+
+
+def test_a_partly_run_suite_certifies_the_properties_that_ran(project):
+    """``-k`` runs one property of a suite of every applicable one: the certificate requests that one
+    property (not null, "every applicable property"), and verifies."""
+    result = project.runpytest_subprocess(*QUIET, "-k", "causality", "--gramcheck-certificates", "c")
+    result.assert_outcomes(passed=1, deselected=result.parseoutcomes()["deselected"])
+    (path,) = (project.path / "c").glob("*.json")
+    cert = json.loads(path.read_text())
+    assert cert["requested"] == ["causality"] and [e["property"] for e in cert["properties"]] == ["causality"]
+    verified = project.run(sys.executable, "-m", "gramcheck", "verify", str(path))
+    assert verified.ret == 0 and "reproduced" in verified.stdout.str()
