@@ -11,12 +11,13 @@ message holds the shrunk counterexample, and a property that could not be judged
 verdict 'skipped') is reported SKIPPED with the Finding's reason. Options: ``--gramcheck-profile
 {ci,thorough}``, ``--gramcheck-seed N``, ``--gramcheck-certificates DIR``.
 
-Certificates: one per suite and session (profile and seed), named ``SPEC-VARIANT-MODE-DTYPE-DIGEST.json``
+Certificates: one per suite (at the profile and seed it ran), named ``SPEC-VARIANT-MODE-DTYPE-DIGEST.json``
 where DIGEST is a hash of every setting the certificate records, so that two suites of one target never
 share a file. A certificate records exactly the properties that ran: when only some of a suite's tests ran
 (``-k``, a deselection, an error before the Finding), ``requested`` lists the ones that did, so the file
 still verifies (``gramcheck verify`` re-runs what it records). Under pytest-xdist each process writes a
-partial file and the controller merges them (identical bytes with and without xdist).
+partial file named with the session's id and the controller merges that session's partial files only
+(identical bytes with and without xdist); partial files of another session are ignored.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import hashlib
 import json
 import os
 import re
+import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,7 @@ from typing import Any
 import pytest
 
 _RESULTS_KEY = "_gramcheck_results"
+_SESSION_KEY = "_gramcheck_session"  # the controller's session id (config attribute and workerinput key)
 
 
 def pytest_addoption(parser: Any) -> None:
@@ -54,6 +57,19 @@ def pytest_addoption(parser: Any) -> None:
 def pytest_configure(config: Any) -> None:
     config.addinivalue_line("markers", "gramcheck: a gramcheck property test (one property of one suite)")
     setattr(config, _RESULTS_KEY, {})
+    setattr(config, _SESSION_KEY, uuid.uuid4().hex)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """pytest-xdist: a worker names its partial certificates with the controller's session id."""
+    node.workerinput[_SESSION_KEY] = getattr(node.config, _SESSION_KEY)
+
+
+def _session_id(config: Any) -> str:
+    """The id shared by the controller and the pytest-xdist workers of this session."""
+    worker: dict[str, Any] = getattr(config, "workerinput", {})
+    return str(worker.get(_SESSION_KEY) or getattr(config, _SESSION_KEY))
 
 
 def _slug(text: str) -> str:
@@ -159,19 +175,20 @@ def attention_suite(
 
 def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
     """Each process writes a partial certificate per suite; the controller (or the only process) merges
-    the partial files into one certificate per suite."""
+    this session's partial files into one certificate per suite."""
     out = session.config.getoption("--gramcheck-certificates", default=None)
     if not out:
         return
     directory = Path(out)
     directory.mkdir(parents=True, exist_ok=True)
-    _write_partials(getattr(session.config, _RESULTS_KEY, {}), directory, session.config)
+    session_id = _session_id(session.config)
+    _write_partials(getattr(session.config, _RESULTS_KEY, {}), directory, session_id, session.config)
     if not hasattr(session.config, "workerinput"):  # a pytest-xdist worker leaves the merge to the controller
-        _merge_partials(directory)
+        _merge_partials(directory, session_id)
 
 
-def _write_partials(results: dict[str, dict[str, Any]], directory: Path, config: Any) -> None:
-    """One ``.STEM~WORKER~PID.partial.json`` per suite this process ran tests of (the certificate
+def _write_partials(results: dict[str, dict[str, Any]], directory: Path, session_id: str, config: Any) -> None:
+    """One ``.STEM~SESSION~WORKER~PID.partial.json`` per suite this process ran tests of (the certificate
     of its Findings, with the suite's property order), counterexample files beside it."""
     from .api import certificate_of
     from .certificate import canonical_json
@@ -198,17 +215,17 @@ def _write_partials(results: dict[str, dict[str, Any]], directory: Path, config:
         for name, blob in cert.attachments.items():
             (directory / name).write_bytes(blob)
         part = {"stem": stem, "order": r["order"], "certificate": cert.data}
-        (directory / f".{stem}~{tag}~{os.getpid()}.partial.json").write_text(canonical_json(part))
+        (directory / f".{stem}~{session_id}~{tag}~{os.getpid()}.partial.json").write_text(canonical_json(part))
 
 
-def _merge_partials(directory: Path) -> None:
-    """Merge the partial files (one per process that ran part of a suite) into
+def _merge_partials(directory: Path, session_id: str) -> None:
+    """Merge the partial files of session ``session_id`` (one per process that ran part of a suite) into
     ``STEM.json``, removing them. The properties are in the suite's order; when only some of them ran,
     ``requested`` names those, so the certificate claims (and ``verify`` re-runs) exactly what ran."""
     from .certificate import canonical_json, content_hash
 
     groups: dict[str, list[dict[str, Any]]] = {}
-    for path in sorted(directory.glob(".*.partial.json")):
+    for path in sorted(directory.glob(f".*~{session_id}~*.partial.json")):
         part = json.loads(path.read_text())
         groups.setdefault(part["stem"], []).append(part)
         path.unlink()

@@ -144,6 +144,34 @@ def test_two_suites_of_one_target_get_a_certificate_each(project):
         assert verify(project.path / "a" / name).ok
 
 
+def test_partial_files_of_another_session_are_not_merged(project):
+    """A partial certificate left by a session that never merged (here: a pretend pytest-xdist worker whose
+    controller is gone, with another seed) is ignored: the certificate has the bytes of a clean run."""
+    project.makepyfile(
+        test_one=f"""
+        from gramcheck.pytest_plugin import attention_suite
+
+        test_one = attention_suite("builtin:linear-elu", causal=True, properties=["causality"], domain={TINY})
+    """
+    )
+    crashed = project.makeconftest(
+        """
+        def pytest_configure(config):
+            config.workerinput = {"workerid": "gw0", "_gramcheck_session": "0123abcd"}
+        """
+    )
+    run = (*QUIET, "test_one.py", "--gramcheck-certificates")
+    project.runpytest_subprocess(*run, "c", "--gramcheck-seed", "7").assert_outcomes(passed=1)
+    crashed.unlink()
+    (stale,) = (project.path / "c").glob(".*.partial.json")
+    project.runpytest_subprocess(*run, "c").assert_outcomes(passed=1)
+    project.runpytest_subprocess(*run, "clean").assert_outcomes(passed=1)
+    (clean,) = (project.path / "clean").glob("*.json")
+    assert [p.name for p in (project.path / "c").glob("[!.]*.json")] == [clean.name]
+    assert (project.path / "c" / clean.name).read_bytes() == clean.read_bytes()
+    assert json.loads(clean.read_text())["seed"] == 0 and stale.exists()
+
+
 def test_a_partly_run_suite_certifies_the_properties_that_ran(project):
     """``-k`` runs one property of a suite of every applicable one: the certificate requests that one
     property (not null, "every applicable property"), and verifies."""
