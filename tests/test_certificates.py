@@ -142,7 +142,8 @@ def test_the_source_hash_of_a_partial_target_covers_the_module_that_defines_it(t
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
     body = "import functools\n\nfrom gramcheck import variants as V\n\n\ndef _attn(q, k, v, *, causal, shift):\n"
-    body += "    return V.get('softmax').torch(q, k, v, causal=causal) + shift\n\n\nfn = functools.partial(_attn, shift=0.0)\n"
+    body += "    return V.get('softmax').torch(q, k, v, causal=causal) + shift\n\n\n"
+    body += "fn = functools.partial(_attn, shift=0.0)\n"
     (pkg / "attn.py").write_text(body)
     monkeypatch.syspath_prepend(str(tmp_path))
     report = check("gcpart.attn:fn", "softmax", properties=["agreement"], domain=TINY)
