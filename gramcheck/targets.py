@@ -10,8 +10,10 @@ failing Finding.
 Isolation: 'thread' runs the calls on one daemon worker thread of this process (a hung call is abandoned;
 ``os._exit`` in the target ends the whole run); 'process' runs them in a worker process (spawned once,
 killed after a timeout and restarted, a crash is a "crashed" Finding and the run goes on). Calls whose
-inputs require gradients run in this process either way: autograd graphs do not cross processes.
-SystemExit raised by a target is a "raised" Finding; KeyboardInterrupt is never swallowed.
+inputs require gradients run in this process either way: autograd graphs do not cross processes. The
+target's backward runs as its forward does: on the worker thread, bounded by the timeout.
+SystemExit raised by a target (forward or backward) is a "raised" Finding; KeyboardInterrupt is never
+swallowed.
 """
 
 from __future__ import annotations
@@ -128,11 +130,15 @@ class Target:
         return out
 
     def gradients(self, loss: Any, inputs: Sequence[Any]) -> tuple[Any, ...]:
-        """torch.autograd.grad(loss, inputs, allow_unused=True) through the target's own backward; a backward
-        that raises (fla's ops without one raise NotImplementedError) is the target's failure, 'raised'."""
+        """torch.autograd.grad(loss, inputs, allow_unused=True) through the target's own backward. The
+        target's backward runs as its forward does (``call_torch`` routes it through ``_guarded``): one
+        that raises (SystemExit included; fla's ops without a backward raise NotImplementedError) is the
+        target's failure 'raised', one that hangs 'timeout'; autograd's own refusal is 'raised' too."""
         torch = _torch()
         try:
             return torch.autograd.grad(loss, list(inputs), allow_unused=True)
+        except TargetError:
+            raise
         except Exception as exc:  # noqa: BLE001 - any exception of the user's backward is a finding
             raise TargetError("raised", f"the backward of {self.name} raised {_describe(exc)}") from exc
 
@@ -155,20 +161,78 @@ class Target:
         for n, t in inputs.items():
             if not torch.equal(t.detach(), before[n]):
                 raise TargetError("mutates-inputs", f"{self.name} changed its input {n!r} in place")
-        return self._checked(out, q, v, extras)
+        return self._backward_guarded(self._checked(out, q, v, extras), inputs)
 
     def _call(self, q: Any, k: Any, v: Any, causal: bool, extras: dict[str, Any], inputs: dict[str, Any]) -> Any:
         grad = any(getattr(t, "requires_grad", False) for t in inputs.values())
         if self.isolation == "process" and not grad:
-            out = self._call_in_process(q, k, v, causal, extras)
-        elif self.timeout is None:
+            return self._call_in_process(q, k, v, causal, extras)
+        return self._guarded(lambda: self.fn(q, k, v, causal=causal, **extras), self.name)
+
+    def _guarded(self, thunk: Callable[[], Any], what: str) -> Any:
+        """Run ``thunk``, the target's own code (a call of fn, or its backward), as a call of the target:
+        on the worker thread, abandoned after ``timeout`` (a 'timeout' TargetError); whatever it raises,
+        SystemExit included, is a 'raised' TargetError naming ``what``; KeyboardInterrupt is re-raised.
+        Without a timeout, and when already on the worker thread (a guarded call inside another), it runs
+        on the calling thread."""
+        if self.timeout is None or (self._executor is not None and self._executor.is_current()):
             try:
-                out = self.fn(q, k, v, causal=causal, **extras)
+                return thunk()
+            except TargetError:
+                raise
             except (Exception, SystemExit) as exc:  # noqa: BLE001 - everything the target raises is a finding
-                raise TargetError("raised", f"{self.name} raised {_describe(exc)}") from exc
-        else:
-            out = self._call_with_timeout(q, k, v, causal, extras)
-        return out
+                raise TargetError("raised", f"{what} raised {_describe(exc)}") from exc
+        if self._executor is None:
+            self._executor = _Worker(f"gramcheck-target-{self.name}")
+        done, box = self._executor.submit(thunk)
+        if not done.wait(self.timeout):
+            # the worker is stuck in the target: abandon it (a daemon thread, so it cannot keep the
+            # process alive) and start a fresh one for the next call
+            self._executor = None
+            raise TargetError("timeout", f"{what} did not return within {self.timeout:g} s")
+        if "interrupt" in box:
+            raise box["interrupt"]  # never swallowed
+        if "exc" in box:
+            err = box["exc"]
+            if isinstance(err, TargetError):
+                raise err
+            raise TargetError("raised", f"{what} raised {_describe(err)}") from err
+        return box["out"]
+
+    def _backward_guarded(self, res: Any, inputs: dict[str, Any]) -> Any:
+        """``res`` (out, or (out, final_state)) with the target's backward behind ``_guarded``: each output
+        that carries a graph to the inputs needing gradients is replaced by an equal tensor whose backward
+        runs the target's one on the worker thread, bounded by ``timeout`` and with its exceptions (SystemExit
+        included) turned into TargetErrors, as a forward call is. Every backward through a target output
+        (``gradients``, gradcheck, Jacobians) passes there. Outputs without a graph are returned as they are."""
+        torch = _torch()
+        outs = list(res) if isinstance(res, tuple) else [res]
+        leaves: list[Any] = []  # each tensor once: one tensor given as q, k and v (x, x, x) has one gradient
+        for t in inputs.values():
+            if isinstance(t, torch.Tensor) and t.requires_grad and not any(t is x for x in leaves):
+                leaves.append(t)
+        graph = [i for i, o in enumerate(outs) if o.grad_fn is not None]
+        if not leaves or not graph:
+            return res
+        box = {"target": self, "outs": [outs[i] for i in graph], "leaves": leaves}
+        guarded = _guarded_backward().apply(box, *leaves)
+        for i, o in zip(graph, guarded, strict=True):
+            outs[i] = o
+        return tuple(outs) if isinstance(res, tuple) else outs[0]
+
+    def _backward(self, outs: list[Any], leaves: list[Any], grads: tuple[Any, ...]) -> tuple[Any, ...]:
+        """The gradients of ``outs`` (seeded with ``grads``) with respect to ``leaves`` through the
+        target's backward, run by ``_guarded`` with this thread's torch thread count (and a graph of the
+        backward itself where this backward records one: double backward)."""
+        from . import threads as _threads
+
+        torch = _torch()
+        create = torch.is_grad_enabled()
+
+        def run() -> tuple[Any, ...]:
+            return torch.autograd.grad(outs, leaves, grads, allow_unused=True, retain_graph=True, create_graph=create)
+
+        return self._guarded(_threads.pinned(run, torch.get_num_threads()), f"the backward of {self.name}")
 
     def _checked(self, out: Any, q: Any, v: Any, extras: dict[str, Any]) -> Any:
         """The output after the checks of type, shape, dtype and device ((out, state) with a state)."""
@@ -239,22 +303,6 @@ class Target:
                 "wrong-device", f"{self.name} returned final_state on {state.device}; expected {q.device}"
             )
         return out, state
-
-    def _call_with_timeout(self, q: Any, k: Any, v: Any, causal: bool, extras: dict[str, Any]) -> Any:
-        if self._executor is None:
-            self._executor = _Worker(f"gramcheck-target-{self.name}")
-        done, box = self._executor.submit(lambda: self.fn(q, k, v, causal=causal, **extras))
-        if not done.wait(self.timeout):
-            # the worker is stuck in the target: abandon it (a daemon thread, so it cannot keep the
-            # process alive) and start a fresh one for the next call
-            self._executor = None
-            raise TargetError("timeout", f"{self.name} did not return within {self.timeout:g} s")
-        if "interrupt" in box:
-            raise box["interrupt"]  # never swallowed
-        if "exc" in box:
-            exc = box["exc"]
-            raise TargetError("raised", f"{self.name} raised {_describe(exc)}") from exc
-        return box["out"]
 
     # ------------------------------------------------------------------------------------------------
     def isolated(self) -> Target:
@@ -390,7 +438,12 @@ class _Worker:
         import queue
 
         self._tasks: Any = queue.Queue()
-        threading.Thread(target=self._run, name=name, daemon=True).start()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def is_current(self) -> bool:
+        """Whether the calling thread is this worker's thread."""
+        return threading.current_thread() is self._thread
 
     def _run(self) -> None:
         while True:
@@ -407,6 +460,32 @@ class _Worker:
         done, box = threading.Event(), dict[str, Any]()
         self._tasks.put((fn, done, box))
         return done, box
+
+
+_GUARDED_BACKWARD: Any = None
+
+
+def _guarded_backward() -> Any:
+    """The autograd Function behind ``Target._backward_guarded`` (made once, on first use: torch is
+    imported lazily): forward returns copies of the target's outputs, backward asks the target for the
+    gradients of its own outputs (``Target._backward``)."""
+    global _GUARDED_BACKWARD
+    if _GUARDED_BACKWARD is None:
+        import torch
+
+        class GuardedBackward(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx: Any, box: dict[str, Any], *leaves: Any) -> tuple[Any, ...]:
+                ctx.box = box
+                return tuple(o.detach().clone() for o in box["outs"])
+
+            @staticmethod
+            def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
+                box = ctx.box
+                return (None, *box["target"]._backward(box["outs"], box["leaves"], grads))
+
+        _GUARDED_BACKWARD = GuardedBackward
+    return _GUARDED_BACKWARD
 
 
 def _describe(exc: BaseException) -> str:

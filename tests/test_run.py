@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 import torch
 
 from gramcheck import check
+from gramcheck import variants as V
 from gramcheck.cli import main
 from gramcheck.findings import Finding
 from gramcheck.report import render_finding
@@ -90,6 +92,97 @@ def test_keyboard_interrupt_is_never_swallowed(timeout):
 
     with pytest.raises(KeyboardInterrupt):
         check(keyboard_interrupt, "linear-elu", properties=["agreement"], domain=TINY, timeout=timeout)
+
+
+_backward_release = threading.Event()
+
+
+def _with_faulty_backward(fault):
+    """linear-elu whose backward calls ``fault(calls)`` (calls: the backward calls so far) before the
+    exact gradients."""
+    from broken import _with_backward
+
+    calls = {"n": 0}
+
+    def forward(q, k, v):
+        return V.get("linear-elu").torch(q, k, v, causal=True)
+
+    def corrupt(grads, inputs):
+        calls["n"] += 1
+        fault(calls["n"])
+        return tuple(grads)
+
+    def fn(q, k, v, *, causal):
+        return _with_backward(forward, corrupt)(q, k, v)
+
+    return fn
+
+
+def _exit(n):
+    raise SystemExit(4)
+
+
+def _hang(n):
+    _backward_release.wait(5.0)  # bounded: the abandoned worker thread ends by itself
+
+
+GRADIENT_PROPS = ["gradcheck", "finite-gradients", "jacobian-norm", "depth-growth", "backward-agreement"]
+
+
+def test_system_exit_in_the_backward_is_a_raised_finding_of_every_gradient_property():
+    r = check(_with_faulty_backward(_exit), "linear-elu", causal=True, properties=GRADIENT_PROPS, domain=TINY)
+    assert [f.name for f in r.findings] == GRADIENT_PROPS  # the run went on
+    for f in r.findings:
+        assert not f.passed and f.failure == "raised", f
+        assert "the backward of" in f.details["error"] and "SystemExit (exit code 4)" in f.details["error"]
+
+
+def test_system_exit_in_a_later_backward_call_is_caught_inside_gradcheck_and_jacobians():
+    """The first backward call (the connectedness check) passes; gradcheck's and the Jacobians' own calls raise."""
+
+    def later(n):
+        if n > 1:
+            raise SystemExit(5)
+
+    for prop in ("gradcheck", "jacobian-norm"):
+        f = check(_with_faulty_backward(later), "linear-elu", causal=True, properties=[prop], domain=TINY)[prop]
+        assert f.failure == "raised" and "SystemExit (exit code 5)" in f.details["error"], f
+
+
+def test_a_hanging_backward_is_bounded_by_the_timeout():
+    t0 = time.perf_counter()
+    try:
+        r = check(_with_faulty_backward(_hang), "linear-elu", causal=True, timeout=0.3,
+                  properties=["finite-gradients", "gradcheck"], domain=TINY)
+        assert [f.failure for f in r.findings] == ["timeout", "timeout"]
+        assert all("the backward of" in f.details["error"] and "within 0.3 s" in f.details["error"] for f in r.findings)
+        assert time.perf_counter() - t0 < 5.0
+    finally:
+        _backward_release.set()
+
+
+def test_keyboard_interrupt_in_the_backward_is_never_swallowed():
+    def interrupt(n):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        check(_with_faulty_backward(interrupt), "linear-elu", causal=True, properties=["finite-gradients"], domain=TINY)
+
+
+def test_gradients_through_a_target_are_exact_to_second_order():
+    """Each output is guarded by an autograd Function: gradients and double backward are those of fn."""
+    from gramcheck.targets import builtin
+
+    t = builtin("linear-elu", dtype="float64")
+    x = [torch.randn(1, 2, 5, 3, dtype=torch.float64, requires_grad=True) for _ in range(3)]
+    assert torch.autograd.gradgradcheck(lambda q, k, v: t.call_torch(q, k, v, causal=True), x)
+    ours = torch.autograd.grad(t.call_torch(*x, causal=True).square().sum(), x)
+    plain = torch.autograd.grad(V.get("linear-elu").torch(*x, causal=True).square().sum(), x)
+    assert all(torch.equal(a, b) for a, b in zip(ours, plain, strict=True))
+    y = x[0].detach().requires_grad_(True)  # one tensor as q, k and v (depth-growth's layers): one gradient
+    ours = torch.autograd.grad(t.call_torch(y, y, y, causal=True).sum(), y)[0]
+    plain = torch.autograd.grad(V.get("linear-elu").torch(y, y, y, causal=True).sum(), y)[0]
+    assert torch.allclose(ours, plain, rtol=1e-12, atol=0.0)
 
 
 def test_a_local_callable_falls_back_to_the_thread_with_a_note():
