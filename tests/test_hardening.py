@@ -247,3 +247,43 @@ def test_replacing_tokens_stays_within_a_float16_range():
     ex = AttentionInputs(q, k, v, {}, kind="large-magnitude", dtype="float16")
     f = causality(builtin("softmax", dtype="float16"), ex, causal=True)
     assert f is not None and f.passed and f.failure is None, f
+
+
+def disconnected(q, k, v, *, causal):
+    """Right values, but the output is a fresh leaf: no gradient reaches q, k or v."""
+    return ok(q, k, v, causal=causal).detach().requires_grad_(True)
+
+
+def value_only_at_one_token(q, k, v, *, causal):
+    """Softmax attention that returns v itself at N = 1 (where the output does not depend on q or k):
+    autograd gives None for dq and dk there, a true gradient of 0."""
+    if q.shape[-2] == 1:
+        return v * 1.0
+    return V.get("softmax").torch(q, k, v, causal=causal)
+
+
+def test_finite_gradients_fails_where_no_gradient_reaches_an_input():
+    from broken import linear_with_detached_features
+
+    f = check(disconnected, "linear-elu", causal=True, properties=["finite-gradients"], domain=SMALL).findings[0]
+    assert not f.passed and f.details["missing_gradient"] and "no gradient reaches" in f.details["error"], f
+    f = check(linear_with_detached_features, "linear-elu", causal=True, properties=["finite-gradients"],
+              domain=SMALL).findings[0]
+    assert not f.passed and f.details["disconnected"] == ["q"], f
+    assert "no gradient reaches q " in f.details["error"]
+
+
+def test_a_none_gradient_where_the_output_does_not_depend_on_the_input_passes():
+    for prop in ("finite-gradients", "gradcheck"):
+        f = check(value_only_at_one_token, "softmax", causal=True, properties=[prop],
+                  domain={"max_n": 1, "max_d": 3, "examples": 4}).findings[0]
+        assert f.passed and f.details["examples"] > 0, f
+
+
+def test_backward_agreement_compares_a_missing_gradient_as_zeros_and_says_so():
+    from broken import linear_with_detached_features
+
+    f = check(linear_with_detached_features, "linear-elu", causal=True, properties=["backward-agreement"],
+              domain=SMALL).findings[0]
+    assert not f.passed and f.details["disconnected"] == ["dq"], f
+    assert "no gradient reaches q (autograd gives None): compared as zeros" in f.details["note"]

@@ -60,12 +60,17 @@ def _loss(res: Any, w: Any, ws: Any) -> Any:
     return (res * w.to(res.dtype)).sum()
 
 
-def _grads(loss: Any, leaves: dict[str, Any], target: Target | None = None) -> dict[str, np.ndarray]:
-    """Gradients of loss as float64 arrays (zeros where unused); through ``target.gradients`` for a target."""
+def _grads(
+    loss: Any, leaves: dict[str, Any], target: Target | None = None, missing: list[str] | None = None
+) -> dict[str, np.ndarray]:
+    """Gradients of loss as float64 arrays (zeros where unused, whose names are appended to ``missing``
+    when given); through ``target.gradients`` for a target."""
     if target is None:
         gs = _torch().autograd.grad(loss, list(leaves.values()), allow_unused=True)
     else:
         gs = target.gradients(loss, list(leaves.values()))
+    if missing is not None:
+        missing.extend(n for n, g in zip(leaves, gs, strict=True) if g is None)
     return {
         n: (np.zeros(tuple(x.shape)) if g is None else g.detach().to("cpu").double().numpy())
         for (n, x), g in zip(leaves.items(), gs, strict=True)
@@ -130,8 +135,10 @@ def target_gradients(
     ws: np.ndarray | None,
     *,
     causal: bool,
+    missing: list[str] | None = None,
 ) -> dict[str, np.ndarray]:
-    """Gradients of the same L through the target, in its dtype (its own backward)."""
+    """Gradients of the same L through the target, in its dtype (its own backward); the inputs no
+    gradient reaches (autograd gives None: zeros here) are appended to ``missing`` when given."""
     torch = _torch()
     t = target.tensors(arrays)
     for n in names:
@@ -140,7 +147,8 @@ def target_gradients(
     opts = {"output_final_state": True} if "initial_state" in t else {}
     with torch.enable_grad():
         res = target.call_torch(t.pop("q"), t.pop("k"), t.pop("v"), causal=causal, **t, **opts)
-        return _grads(_loss(res, torch.as_tensor(w), None if ws is None else torch.as_tensor(ws)), leaves, target)
+        loss = _loss(res, torch.as_tensor(w), None if ws is None else torch.as_tensor(ws))
+        return _grads(loss, leaves, target, missing)
 
 
 def _is_log_decay(target: Target, name: str) -> bool:
@@ -249,7 +257,8 @@ def _judge_gradients(
         for fn in (None, *target.variant.algorithms_for(causal))
     ]
     terms = gradient_terms(target, arrays, names, w, ws, causal=causal)
-    got = target_gradients(target, arrays, names, w, ws, causal=causal)
+    missing: list[str] = []
+    got = target_gradients(target, arrays, names, w, ws, causal=causal, missing=missing)
     contracting = "contracting-transitions" in target.variant.tags(target.params)
     length = accumulation_length(ex)
     floor_rel = BACKWARD_FLOOR_ULPS * unit_roundoff(target.dtype) + gamma_tilde(length, ACCUMULATOR)
@@ -354,6 +363,11 @@ def _judge_gradients(
         notes.append(
             "entries no standard algorithm computes in the dtype, held to the worst case of an accumulation in it "
             f"(a non-finite one excused only where the forward is the dtype's own 0/0): {counts}"
+        )
+    if missing:
+        details["disconnected"] = [f"d{n}" for n in missing]
+        notes.append(
+            "no gradient reaches " + ", ".join(missing) + " (autograd gives None): compared as zeros"
         )
     if notes:
         details["note"] = "; ".join(notes)

@@ -107,6 +107,11 @@ def finite_gradients(target: Target, ex: AttentionInputs, *, causal: bool) -> Fi
         return None  # a non-finite forward is agreement's finding, not this one's
     w = torch.as_tensor(_rng(ex, "w").standard_normal(o.shape)).to(dtype=o.dtype, device=o.device)
     grads = target.gradients((o * w).sum(), (q, k, v))
+    missing = [n for n, g in zip("qkv", grads, strict=True) if g is None]
+    cut = _disconnected(target, ex, missing, w.detach().cpu().double().numpy(), causal)
+    if cut:
+        f = Finding("finite-gradients", math.inf, 0.0, details=_disconnected_details(target, cut))
+        return with_counterexample(f, ex)
     used = {n: g for n, g in zip("qkv", grads, strict=True) if g is not None}
     nonfinite = {n: ~np.isfinite(g.detach().cpu().double().numpy()) for n, g in used.items()}
     details: dict[str, Any] = {}
@@ -299,11 +304,50 @@ def _detached(target: Target, ex: AttentionInputs, causal: bool, name: str) -> F
     o = target.call_torch(q, k, v, causal=causal, **t)
     if o.requires_grad and o.grad_fn is not None:
         used = target.gradients(o.sum(), (q, k, v))
-        if all(g is not None for g in used):
-            return None
         missing = [n for n, g in zip("qkv", used, strict=True) if g is None]
-        why = f"the output does not depend on {', '.join(missing)} through autograd"
+        cut = _disconnected(target, ex, missing, np.ones(tuple(o.shape)), causal)
+        if not cut:
+            return None
+        details = _disconnected_details(target, cut)
     else:
         why = "the output is detached from q, k, v (no gradient)"
-    f = Finding(name, math.inf, 1.0, details={"error": f"{target.name}: {why}", "missing_gradient": True})
+        details = {"error": f"{target.name}: {why}", "missing_gradient": True}
+    f = Finding(name, math.inf, 1.0, details=details)
     return with_counterexample(f, ex)
+
+
+def _disconnected(target: Target, ex: AttentionInputs, missing: list[str], w: np.ndarray, causal: bool) -> list[str]:
+    """The inputs among ``missing`` (those of q, k, v whose gradient of <o, w> autograd gave as None: no
+    path from the target's output) on which the variant's output depends: the float64 definition's
+    gradient of <o, w> with respect to it is not negligible, larger than ``backward.CANCELLED`` times
+    the loss's sensitivity to a relative change of every input over the input's size (a gradient that
+    vanishes exactly or by cancellation, as dq and dk of a normalised form at N = 1, may be None)."""
+    if not missing:
+        return []
+    from .backward import CANCELLED, definition_gradients
+
+    arrays = {"q": ex.q, "k": ex.k, "v": ex.v, **ex.extras}
+    with np.errstate(all="ignore"):
+        ref = definition_gradients(target, arrays, ["q", "k", "v"], w, None, causal=causal, dtype="float64")
+    size = {n: float(np.max(np.abs(arrays[n]), initial=0.0)) for n in "qkv"}
+    largest = {n: float(np.max(np.abs(np.nan_to_num(ref[n], nan=np.inf)), initial=0.0)) for n in "qkv"}
+    sensitivity = sum(largest[n] * size[n] for n in "qkv")
+    out = []
+    for n in missing:
+        natural = sensitivity / size[n] if size[n] > 0 else 0.0
+        if largest[n] > CANCELLED * natural:
+            out.append(n)
+    return out
+
+
+def _disconnected_details(target: Target, cut: list[str]) -> dict[str, Any]:
+    """The details of a Finding failed by gradients that do not reach ``cut``."""
+    names = ", ".join(cut)
+    return {
+        "error": (
+            f"{target.name}: no gradient reaches {names} (autograd gives None: the output is not connected to "
+            f"{names} through autograd), though the variant's output depends on {names}"
+        ),
+        "missing_gradient": True,
+        "disconnected": list(cut),
+    }
