@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,9 +16,9 @@ from .findings import Finding
 from .precision import dtype_name
 from .report import Report
 from .search import Domain, run_property
-from .strategies import KINDS, PROFILES
+from .strategies import PROFILES
 from .targets import DEFAULT_ISOLATION, ISOLATIONS, Target, builtin, resolve
-from .validation import check_choice
+from .validation import check_bool, check_choice, check_writable_file
 
 if TYPE_CHECKING:
     from .certificate import Certificate
@@ -48,6 +48,10 @@ def make_target(
         return target
     fn, name = resolve(target)
     _check_device(device)
+    if params is not None and not isinstance(params, Mapping):
+        raise TypeError(f"params: got {params!r} ({type(params).__name__}); expected a dict of hyperparameters")
+    if dtype is None:  # numpy reads None as float64
+        raise TypeError("dtype: got None; expected one of float64, float32, bfloat16, float16 (or a torch dtype)")
     if dtype_name(dtype) == "tf32":
         raise ValueError(
             "dtype: got 'tf32'; tf32 is a matmul precision mode, not a torch dtype a target can be called in; "
@@ -117,6 +121,23 @@ def _check_timeout(timeout: Any) -> None:
         raise ValueError(f"timeout: got {timeout!r}; expected a positive finite number of seconds, or None")
 
 
+def _domain(domain: Any) -> Domain:
+    """A Domain from ``domain``: a Domain, a dict of its fields, or None (the profile's)."""
+    if domain is None or isinstance(domain, Domain):
+        return domain or Domain()
+    if not isinstance(domain, dict):
+        raise TypeError(
+            f"domain: got {domain!r} ({type(domain).__name__}); expected a Domain, a dict of its fields or None"
+        )
+    unknown = sorted(set(domain) - {f.name for f in fields(Domain)})
+    if unknown:
+        raise TypeError(
+            f"domain: got the field {unknown[0]!r}; expected fields of Domain: "
+            f"{', '.join(f.name for f in fields(Domain))}"
+        )
+    return Domain(**domain)
+
+
 def check_seed(seed: Any) -> int:
     """``seed`` itself when it is an integer (a TypeError naming ``seed`` otherwise)."""
     if isinstance(seed, bool) or not isinstance(seed, int):
@@ -130,9 +151,7 @@ def check_domain(
     """``domain`` as a Domain, its kinds known (``strategies.KINDS``) and the largest input of the sizes
     ``profile`` draws within ``memory_budget`` bytes (``Domain.check_memory``); a ValueError naming the
     argument otherwise."""
-    dom = domain if isinstance(domain, Domain) else Domain(**(domain or {}))
-    for k in dom.kinds or ():
-        check_choice("domain.kinds", k, KINDS)
+    dom = _domain(domain)  # its kinds and gates are checked by Domain itself
     dom.resolved(profile).check_memory(var, budget=memory_budget)
     return dom
 
@@ -176,6 +195,7 @@ def check(
     are tiny and a parallel region costs more than their work; 0 leaves the settings alone)."""
     check_choice("profile", profile, tuple(PROFILES))
     check_choice("isolation", isolation, ISOLATIONS)
+    causal = check_bool("causal", causal)
     seed = check_seed(seed)
     t = make_target(target, variant, dtype=dtype, device=device, params=params, timeout=timeout, subnormals=subnormals)
     var = t.variant
@@ -271,7 +291,9 @@ def certify(
 ) -> Certificate:
     """Run ``check`` and turn its Report into a Certificate (written to ``out`` when given, with its
     counterexample .npz files beside it; signed with the ed25519 PEM key ``sign_key`` when given).
-    Same keywords as ``check``."""
+    Same keywords as ``check``. ``out`` is checked before the run (a file path that can be written)."""
+    if out is not None:
+        check_writable_file("out", out)
     report = check(target, variant, **kwargs)
     cert = certificate_of(report, target, stem="certificate" if out is None else Path(out).stem)
     if sign_key is not None:

@@ -103,6 +103,11 @@ def keygen(private_path: str | Path, public_path: str | Path) -> str:
     serialization, ed25519 = _crypto()
     key = ed25519.Ed25519PrivateKey.generate()
     private_path, public_path = Path(private_path), Path(public_path)
+    if private_path.absolute().resolve() == public_path.absolute().resolve():
+        raise ValueError(
+            f"keygen: got {str(private_path)!r} as both the private and the public key file; expected two different "
+            "paths (the public key would overwrite the private one)"
+        )
     for name, p in (("private key", private_path), ("public key", public_path)):
         if p.exists():
             raise ValueError(f"keygen: {name} file {p} exists; expected a new path (never overwritten)")

@@ -42,6 +42,8 @@ def _param(text: str) -> tuple[str, Any]:
     if "=" not in text:
         raise argparse.ArgumentTypeError(f"--param: got {text!r}; expected KEY=VALUE")
     key, raw = text.split("=", 1)
+    if not key:
+        raise argparse.ArgumentTypeError(f"--param: got {text!r}; expected KEY=VALUE with a non-empty KEY")
     try:
         return key, json.loads(raw)
     except json.JSONDecodeError:
@@ -56,6 +58,19 @@ def _positive(text: str) -> int:
     if n < 1:
         raise argparse.ArgumentTypeError(f"got {n}; expected a positive integer")
     return n
+
+
+def _gib(text: str) -> float:
+    """A positive finite number of GiB (``--memory-budget``)."""
+    import math
+
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"got {text!r}; expected a positive number of GiB") from None
+    if not math.isfinite(x) or x <= 0:
+        raise argparse.ArgumentTypeError(f"got {text!r}; expected a positive finite number of GiB")
+    return x
 
 
 def _check_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -90,7 +105,7 @@ def _findings_table(title: str, findings: Sequence[Any]) -> Any:
 
     from .report import note
 
-    table = Table(title=title)
+    table = Table(title=escape(title))
     for col in ("property", "verdict", "measured", "bound", "margin", "rigour", "examples", "note"):
         table.add_column(col, justify="right" if col in ("measured", "bound", "margin", "examples") else "left")
     for f in findings:
@@ -177,8 +192,12 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_certify(args: argparse.Namespace) -> int:
-    from .api import certificate_of
+    from rich.markup import escape
 
+    from .api import certificate_of
+    from .validation import check_writable_file
+
+    check_writable_file("-o", args.output)  # before the run
     report = _run_check(args)
     cert = certificate_of(report, args.target, stem=Path(args.output).stem)
     if args.sign_key:
@@ -187,13 +206,15 @@ def cmd_certify(args: argparse.Namespace) -> int:
     console = _console()
     console.print(_findings_table(report.summary().splitlines()[0], report.findings))
     console.print(
-        f"certificate written to {path} ({'passed' if cert.passed else 'NOT PASSED'}; "
+        f"certificate written to {escape(str(path))} ({'passed' if cert.passed else 'NOT PASSED'}; "
         f"{len(cert.attachments)} counterexample file(s))"
     )
     return 0 if cert.passed else 1
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    from rich.markup import escape
+
     from .api import verify
 
     result = verify(
@@ -212,7 +233,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         console.print(f"  environment differs (reported{', fails under --strict' if args.strict else ''}): {d}",
                       markup=False)
     if not result.reproduced:
-        console.print(f"[red]{args.certificate}: did not reproduce: {result.status}[/red]")
+        console.print(f"[red]{escape(args.certificate)}: did not reproduce: {result.status}[/red]")
         for d in result.differences:
             console.print(f"  {d}", markup=False)
         return 1
@@ -298,7 +319,7 @@ def cmd_spectrum(args: argparse.Namespace) -> int:
         margin = spectra.normaliser_margin(fq, fk, causal=causal)
         console.print(f"normaliser margin {margin['margin']:.4g}, range {margin['range']:.4g}")
     if sps[0].note:
-        console.print(sps[0].note)
+        console.print(sps[0].note, markup=False)
     if args.plot:
         try:
             import matplotlib
@@ -318,7 +339,7 @@ def cmd_spectrum(args: argparse.Namespace) -> int:
         ax.legend()
         fig.tight_layout()
         fig.savefig(args.plot, dpi=100, metadata={"Software": None})
-        console.print(f"plot written to {args.plot}")
+        console.print(f"plot written to {args.plot}", markup=False)
     return 0
 
 
@@ -332,7 +353,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         table, certs, failed = run_demo(seed=args.seed, out=Path(args.output), on_finding=on_finding)
     console.print(table)
     console.print(certs)
-    console.print(f"{failed} failed; certificates in {args.output}/; {time.perf_counter() - t0:.1f} s")
+    console.print(f"{failed} failed; certificates in {args.output}/; {time.perf_counter() - t0:.1f} s", markup=False)
     return 1 if failed else 0
 
 
@@ -358,7 +379,7 @@ def _add_check_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--isolate", action="store_true", help="run the target in a worker process (killed on timeout or crash)"
     )
-    p.add_argument("--memory-budget", type=float, default=None, help="GiB the check may use (default 4)")
+    p.add_argument("--memory-budget", type=_gib, default=None, help="GiB the check may use (default 4)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -387,7 +408,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     v.add_argument("--isolate", action="store_true", help="run the target in a worker process")
     v.set_defaults(fn=cmd_verify)
-    k = sub.add_parser("keygen", help="write an ed25519 key pair for signing certificates")
+    k = sub.add_parser(
+        "keygen", help="write an ed25519 key pair for signing certificates (two new, different paths; never overwrites)"
+    )
     k.add_argument("private")
     k.add_argument("public")
     k.set_defaults(fn=cmd_keygen)
@@ -402,7 +425,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--normalised", action="store_true", help="the row-normalised weight matrix instead of A")
     s.add_argument("--param", action="append", type=_param)
     s.add_argument("--plot", help="write a PNG of the singular values (needs matplotlib)")
-    s.add_argument("--memory-budget", type=float, default=None, help="GiB the spectra may use (default 4)")
+    s.add_argument("--memory-budget", type=_gib, default=None, help="GiB the spectra may use (default 4)")
     s.set_defaults(fn=cmd_spectrum)
     d = sub.add_parser("demo", help="check every built-in variant; table and certificates")
     d.add_argument("--seed", type=int, default=0)

@@ -79,6 +79,7 @@ def run_demo(
 ) -> tuple[Any, Any, int]:
     """(forms table, certificates table, number of unexpected failures); ``on_finding(finding, done,
     total)`` is called as each form check and each certified property finishes (progress)."""
+    from rich.markup import escape
     from rich.table import Table
 
     from .api import certify
@@ -103,7 +104,7 @@ def run_demo(
             "[green]pass[/green]" if f.passed else "[red]FAIL[/red]",
         )
 
-    certs = Table(title=f"certificates ({out}/): default properties, profile ci, seed {seed}")
+    certs = Table(title=f"certificates ({escape(str(out))}/): default properties, profile ci, seed {seed}")
     for col in ("variant", "mode", "properties", "failed", "worst margin", "file"):
         certs.add_column(col)
     out.mkdir(parents=True, exist_ok=True)
@@ -139,7 +140,7 @@ def run_demo(
             str(len(entries)),
             label,
             f"{min(margins):.3g}" if margins else "-",
-            str(path),
+            escape(str(path)),
         )
     return forms, certs, failed
 

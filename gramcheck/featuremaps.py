@@ -24,6 +24,7 @@ from .validation import check_choice, check_positive_int
 FAVOR_KINDS = ("positive", "hyperbolic", "trig")
 PROJECTIONS = ("iid", "orf")
 ORF_SCALINGS = ("chi", "sqrt_d")
+SHIFTS = ("log-amplitude", "projection")  # what FAVOR+'s stabiliser subtracts (``favor``)
 
 
 def elu1(ar: Any, x: Any) -> Any:
@@ -88,7 +89,7 @@ def favor(
     depends on the shift: ``shift='log-amplitude'`` subtracts the maximum of w.x - |x|^2/2 (google-research),
     ``'projection'`` the maximum of w.x alone (performer-pytorch's ``softmax_kernel``).
     """
-    check_choice("shift", shift, ("log-amplitude", "projection"))
+    check_choice("shift", shift, SHIFTS)
     log_amp, mult, count, proj = favor_parts(ar, x, projection, kind, scale)
     if stabilize:
         base = log_amp  # the exponent itself; 'projection': its W x part (without -|x|^2/2)

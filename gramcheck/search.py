@@ -26,9 +26,9 @@ from .arith import subnormals
 from .findings import Finding
 from .locate import annotate
 from .properties import Property
-from .strategies import HEAD_SIZES, attention_inputs, profile, sample
+from .strategies import HEAD_SIZES, KINDS, attention_inputs, profile, sample
 from .targets import Target
-from .validation import check_choice
+from .validation import check_choice, check_names, check_positive_number
 
 # per profile: the largest N and d drawn and the compute budget on B * H * N * d (a ci check of one variant
 # stays under a minute on 2 cores: benchmarks/RESULTS.md)
@@ -81,7 +81,7 @@ class Domain:
         ):
             raise ValueError(f"domain.examples: got {self.examples!r}; expected a positive integer or None")
         if self.kinds is not None:
-            object.__setattr__(self, "kinds", tuple(self.kinds))
+            object.__setattr__(self, "kinds", check_names("domain.kinds", self.kinds, KINDS))
         chunks = tuple(self.chunks) if self.chunks is not None else ()
         if any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in chunks):
             raise ValueError(f"domain.chunks: got {self.chunks!r}; expected positive integer chunk sizes")
@@ -90,9 +90,7 @@ class Domain:
             from . import variants as _variants
 
             known = sorted({r for v in _variants.list() for s in v.inputs for r in (*s.regimes, *s.on_request)})
-            for g in self.gates:
-                check_choice("domain.gates", g, tuple(known))
-            object.__setattr__(self, "gates", tuple(self.gates))
+            object.__setattr__(self, "gates", check_names("domain.gates", self.gates, tuple(known)))
 
     def resolved(self, profile_name: str) -> Domain:
         """The domain with the profile's sizes filled in where None (min_n / min_d raise them if larger)."""
@@ -162,6 +160,9 @@ def _gib(x: float) -> str:
 
 
 def check_memory(need: int, budget: float | None, *, arg: str, sizes: str) -> None:
+    """A ValueError naming ``arg`` when ``need`` bytes exceed ``budget`` (bytes: None for MEMORY_BUDGET; a
+    budget that is not a positive finite number is an error naming memory_budget)."""
+    budget = check_positive_number("memory_budget", budget, unit="bytes", default=f"{_gib(MEMORY_BUDGET)}")
     budget = MEMORY_BUDGET if budget is None else budget
     if need > budget:
         raise ValueError(

@@ -50,7 +50,7 @@ from hypothesis import strategies as st
 
 from .inputs import draw_extras
 from .precision import dtype_name, max_finite, round_to, unit_roundoff
-from .validation import check_choice
+from .validation import check_choice, check_names
 
 KINDS = (
     "gaussian",
@@ -299,9 +299,7 @@ def attention_inputs(
     from . import variants as _variants
 
     dt = dtype_name(dtype)
-    kinds = tuple(KINDS if kinds is None else kinds)
-    for k in kinds:
-        check_choice("kinds", k, KINDS)
+    kinds = KINDS if kinds is None else check_names("kinds", kinds, KINDS)
     if not 1 <= min_n <= max_n or not 1 <= min_d <= max_d:
         raise ValueError(
             f"max_n, max_d: got N in [{min_n}, {max_n}], d in [{min_d}, {max_d}]; expected 1 <= min <= max"

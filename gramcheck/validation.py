@@ -6,6 +6,10 @@ argument, what it got (shape, dtype, device) and what was expected.
 
 from __future__ import annotations
 
+import math
+import os
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -93,3 +97,68 @@ def check_choice(name: str, value: Any, choices: tuple[str, ...] | list[str]) ->
     if value not in choices:
         raise ValueError(f"{name}: got {value!r}; expected one of {', '.join(map(repr, choices))}")
     return str(value)
+
+
+def check_bool(name: str, value: Any) -> bool:
+    """A flag: True or False (a NumPy bool too); 1, "yes" or None are a TypeError naming ``name``."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name}: got {value!r} ({type(value).__name__}); expected True or False")
+    return bool(value)
+
+
+def check_names(name: str, values: Any, choices: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """A non-empty list of names, each one of ``choices``, as a tuple. A single string is refused (it
+    would be read as a list of its characters), as is an empty list (None is the caller's default)."""
+    expected = f"expected a list of names from {', '.join(map(repr, choices))}"
+    if isinstance(values, str):
+        raise TypeError(f"{name}: got the string {values!r}; {expected} (e.g. [{values!r}])")
+    try:
+        names = tuple(values)
+    except TypeError:
+        raise TypeError(f"{name}: got {values!r} ({type(values).__name__}); {expected}") from None
+    if not names:
+        raise ValueError(f"{name}: got an empty list; {expected}, at least one (or None for the default)")
+    for value in names:
+        check_choice(name, value, choices)
+    return names
+
+
+def check_positive_number(name: str, value: Any, *, unit: str, default: str) -> float | None:
+    """None (the default, described by ``default``) or a positive finite number of ``unit``; a wrong kind is
+    a TypeError, NaN, infinities and numbers <= 0 a ValueError, both naming ``name``."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(
+            f"{name}: got {value!r} ({type(value).__name__}); expected a positive number of {unit}, or None ({default})"
+        )
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name}: got {value!r}; expected a positive finite number of {unit}, or None ({default})")
+    return float(value)
+
+
+def check_writable_file(name: str, path: Any) -> Path:
+    """``path`` can be written as a file: not a directory, and either a writable file or a new name under
+    the nearest existing folder above it, where a file can be created (tried with a temporary file, removed
+    at once; folders that do not exist yet are created when the file is written). A ValueError naming
+    ``name`` otherwise."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"{name}: got {path!r} ({type(path).__name__}); expected a file path")
+    p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"{name}: got {str(p)!r}, a directory; expected a file path such as {str(p / 'cert.json')!r}")
+    if p.exists():
+        if not os.access(p, os.W_OK):
+            raise ValueError(f"{name}: got {str(p)!r}; the file exists and cannot be written")
+        return p
+    folder = p.absolute().parent
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir():
+        raise ValueError(f"{name}: got {str(p)!r}; {str(folder)!r} is a file, not a folder")
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        raise ValueError(f"{name}: got {str(p)!r}; cannot create files in {str(folder)!r} ({exc.strerror})") from None
+    return p

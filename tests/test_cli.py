@@ -199,3 +199,66 @@ def test_a_skipped_property_reads_skipped_with_its_reason(capsys):
     code = main(["check", "builtin:gla", "--causal", "--dtype", "float64", "--property", "backward-agreement", *FAST])
     out = capsys.readouterr().out
     assert code == 0 and "skipped" in out and "gradcheck judges" in out and "pass " not in out
+
+
+FLIP = '''
+from pathlib import Path
+
+from gramcheck import variants as V
+
+
+def attn(q, k, v, *, causal):
+    out = V.get("linear-elu").torch(q, k, v, causal=causal)
+    return out * 1.5 if Path("broken").exists() else out
+'''
+
+
+def test_output_paths_are_checked_before_the_run_and_printed_as_text(tmp_path, monkeypatch, capsys):
+    from gramcheck.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "flip_attention.py").write_text(FLIP)
+    target = ["flip_attention:attn", "--variant", "linear-elu", "--property", "agreement", *FAST]
+    (tmp_path / "taken").write_text("")
+    for out, why in (
+        (str(tmp_path), "a directory; expected a file path"),
+        (str(tmp_path / "taken" / "c.json"), "is a file, not a folder"),
+    ):
+        assert main(["certify", *target, "-o", out]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"gramcheck certify: error: -o: got {out!r}") and why in err, err
+    odd = tmp_path / "a[/b]" / "c[/i].json"  # rich markup in a path is printed as it is
+    assert main(["certify", *target, "-o", str(odd)]) == 0
+    assert f"certificate written to {odd}" in capsys.readouterr().out.replace("\n", "")
+    (tmp_path / "broken").write_text("")
+    assert main(["verify", str(odd)]) == 1
+    assert f"{odd}: did not reproduce: results changed" in capsys.readouterr().out.replace("\n", "")
+
+
+def test_cli_arguments_named_in_errors(capsys):
+    from gramcheck.cli import main
+
+    for args, message in (
+        (["--param", "feature=tanh"], "error: feature: got 'tanh' for variant 'linear-elu'; expected one of"),
+        (["--param", "=3"], "--param: got '=3'; expected KEY=VALUE with a non-empty KEY"),
+        (["--memory-budget", "nan"], "argument --memory-budget: got 'nan'; expected a positive finite number of GiB"),
+        (["--memory-budget", "-1"], "argument --memory-budget: got '-1'; expected a positive finite number of GiB"),
+    ):
+        try:
+            rc = main(["check", "builtin:linear-elu", "--property", "agreement", *FAST, *args])
+        except SystemExit as exc:  # argparse's own usage error
+            rc = exc.code
+        assert rc == 2 and message in capsys.readouterr().err, args
+
+
+def test_keygen_refuses_one_path_for_both_keys(tmp_path, capsys):
+    pytest.importorskip("cryptography")
+    from gramcheck.cli import main
+
+    key = tmp_path / "k.pem"
+    assert main(["keygen", str(key), str(key)]) == 2
+    assert "as both the private and the public key file; expected two different paths" in capsys.readouterr().err
+    assert not key.exists()
+    assert main(["keygen", str(key), str(tmp_path / "k.pub")]) == 0
+    assert main(["keygen", str(key), str(tmp_path / "other.pub")]) == 2  # never overwrites a key
+    assert f"private key file {key} exists" in capsys.readouterr().err

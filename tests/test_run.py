@@ -210,6 +210,24 @@ BAD = [
     ({"timeout": 0}, ValueError, r"^timeout: got 0; expected a positive finite number"),
     ({"timeout": -1}, ValueError, r"^timeout: got -1; expected a positive finite number"),
     ({"isolation": "vm"}, ValueError, r"^isolation: got 'vm'"),
+    ({"causal": 1}, TypeError, r"^causal: got 1 \(int\); expected True or False"),
+    ({"causal": "yes"}, TypeError, r"^causal: got 'yes' \(str\); expected True or False"),
+    ({"causal": None}, TypeError, r"^causal: got None \(NoneType\); expected True or False"),
+    ({"dtype": None}, TypeError, r"^dtype: got None; expected one of float64, float32, bfloat16, float16"),
+    ({"params": {"feature": "tanh"}}, ValueError,
+     r"^feature: got 'tanh' for variant 'linear-elu'; expected one of 'elu1', 'relu', 'identity'"),
+    ({"params": {"feature": 3}}, TypeError, r"^feature: got 3 for variant 'linear-elu' \(int\); expected one of"),
+    ({"params": [("eps", 1e-6)]}, TypeError, r"^params: got \[\('eps', 1e-06\)\] \(list\); expected a dict"),
+    ({"domain": {"kinds": []}}, ValueError, r"^domain.kinds: got an empty list; expected a list of names from"),
+    ({"domain": {"kinds": "gaussian"}}, TypeError,
+     r"^domain.kinds: got the string 'gaussian'; expected a list of names from .* \(e.g. \['gaussian'\]\)"),
+    ({"domain": {"gates": "extreme"}}, TypeError, r"^domain.gates: got the string 'extreme'; expected a list"),
+    ({"domain": {"gates": []}}, ValueError, r"^domain.gates: got an empty list"),
+    ({"domain": {"max_nn": 3}}, TypeError, r"^domain: got the field 'max_nn'; expected fields of Domain: kinds,"),
+    ({"domain": [("max_n", 3)]}, TypeError, r"^domain: got \[\('max_n', 3\)\] \(list\); expected a Domain"),
+    ({"memory_budget": float("nan")}, ValueError, r"^memory_budget: got nan; expected a positive finite number"),
+    ({"memory_budget": -1}, ValueError, r"^memory_budget: got -1; expected a positive finite number of bytes"),
+    ({"memory_budget": "4GiB"}, TypeError, r"^memory_budget: got '4GiB' \(str\); expected a positive number of bytes"),
 ]
 if not torch.cuda.is_available():
     BAD.append(({"device": "cuda"}, ValueError, r"^device: got 'cuda'; this machine has no CUDA device"))
@@ -219,6 +237,45 @@ if not torch.cuda.is_available():
 def test_bad_arguments_are_upfront_errors_naming_the_argument(kwargs, exc, match):
     with pytest.raises(exc, match=match):
         check("builtin:linear-elu", **{"properties": ["agreement"], "domain": TINY, **kwargs})
+
+
+def test_every_string_hyperparameter_is_one_of_its_choices():
+    for name in ("transnormer-norm", "qknorm-softmax", "performer-positive"):
+        var = V.get(name)
+        for param in [p for p, x in var.params.items() if isinstance(x, str)]:
+            with pytest.raises(ValueError, match=rf"^{param}: got 'nope' for variant '{name}'; expected one of"):
+                var.resolve_params({param: "nope"})
+
+
+def test_a_string_for_a_list_of_names_is_refused_by_the_strategies_too():
+    from gramcheck.strategies import attention_inputs, sample
+
+    with pytest.raises(TypeError, match=r"^kinds: got the string 'gaussian'; expected a list of names"):
+        sample(attention_inputs("softmax", kinds="gaussian"), seed=0)
+
+
+def test_causal_is_checked_by_the_pytest_plugin_too():
+    from gramcheck.pytest_plugin import attention_suite
+
+    with pytest.raises(TypeError, match=r"^causal: got 1 \(int\); expected True or False"):
+        attention_suite("builtin:linear-elu", causal=1)
+
+
+def test_certify_checks_its_output_path_before_the_run(tmp_path):
+    from gramcheck import certify
+
+    calls = []
+
+    def counted(q, k, v, *, causal):
+        calls.append(1)
+        return V.get("linear-elu").torch(q, k, v, causal=causal)
+
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match=r"^out: got '.*', a directory; expected a file path"):
+        certify(counted, "linear-elu", properties=["agreement"], domain=TINY, out=str(tmp_path))
+    with pytest.raises(ValueError, match=r"^out: got '.*file/c.json'; '.*file' is a file, not a folder"):
+        certify(counted, "linear-elu", properties=["agreement"], domain=TINY, out=str(tmp_path / "file" / "c.json"))
+    assert calls == []
 
 
 def test_gate_tau_and_inapplicable_properties_are_upfront_errors():

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..featuremaps import elementwise
+from ..featuremaps import ELEMENTWISE, elementwise
 from ..forms import accumulation_dtype, linear_recurrence
 from ..torch_arith import TORCH
 from .common import attention_matrix, gated_recurrence, kernel_product, ref_normalised, torch_normalised
@@ -139,6 +139,7 @@ VARIANTS = [
         summary="normalised linear attention with phi = elu + 1",
         source="Katharopoulos et al. 2020",
         params={"feature": "elu1", "eps": 0.0},
+        param_choices={"feature": tuple(ELEMENTWISE)},
         forms=LINEAR_FORMS,
         noncausal_only=("parallel",),
         declares=_NORMALISED_TAGS,
@@ -155,6 +156,7 @@ VARIANTS = [
         summary="normalised linear attention with phi = relu (denominators can vanish)",
         source="Katharopoulos et al. 2020 (relu feature map)",
         params={"feature": "relu", "eps": 0.0},
+        param_choices={"feature": tuple(ELEMENTWISE)},
         forms=LINEAR_FORMS,
         noncausal_only=("parallel",),
         declares=_NORMALISED_TAGS,
@@ -171,6 +173,7 @@ VARIANTS = [
         summary="phi(Q) (phi(K)^T V) / c with no denominator",
         source="Katharopoulos et al. 2020 without normaliser; fla naive linear attention",
         params={"feature": "elu1", "divisor": 1.0},
+        param_choices={"feature": tuple(ELEMENTWISE)},
         forms=LINEAR_FORMS,
         noncausal_only=("parallel",),
         declares=frozenset(

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..featuremaps import favor, favor_causal
+from ..featuremaps import FAVOR_KINDS, SHIFTS, favor, favor_causal
 from ..forms import CHUNK_SIZES, accumulation_dtype
 from ..inputs import projection as projection_input
 from ..torch_arith import TORCH
@@ -222,6 +222,7 @@ def _variant(kind: str, summary: str) -> Variant:
             # takes ``projection`` gets m from the matrix it is given
             "features": None,
         },
+        param_choices={"kind": FAVOR_KINDS, "shift": SHIFTS},
         forms=LINEAR_FORMS,
         noncausal_only=("parallel",),
         declares=frozenset(

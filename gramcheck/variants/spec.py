@@ -12,7 +12,7 @@ import numpy as np
 from ..arith import F64
 from ..hyperparams import check_scale, scale_value
 from ..inputs import InputSpec, check_extras, draw_extras
-from ..validation import check_choice, check_positive_int, check_qkv
+from ..validation import check_bool, check_choice, check_positive_int, check_qkv
 
 # property tags a variant may declare (the property catalogue keys on them)
 TAGS = (
@@ -114,12 +114,20 @@ class Variant:
     # that differ from those in the causal mode only (FAVOR+'s linear form at another chunk size)
     algorithms_fn: tuple[Callable[..., Any], ...] = field(default=(), repr=False)
     causal_algorithms_fn: tuple[Callable[..., Any], ...] = field(default=(), repr=False)
+    # the values each string hyperparameter takes (every string hyperparameter has an entry)
+    param_choices: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         unknown = set(self.declares) - set(TAGS)
         if unknown:
             raise ValueError(f"declares: unknown tags {sorted(unknown)}; expected a subset of {TAGS}")
         check_choice("recurrence", self.recurrence, RECURRENCES)
+        for name, default in self.params.items():
+            if isinstance(default, str) and default not in self.param_choices.get(name, ()):
+                raise ValueError(
+                    f"param_choices: variant {self.name!r} lists no choices for its string hyperparameter "
+                    f"{name!r} that include its default {default!r}"
+                )
         if "scale" in self.params:
             check_scale(self.params["scale"])
 
@@ -164,8 +172,11 @@ class Variant:
                     raise TypeError(f"{where}; expected true or false")
                 continue
             if isinstance(default, str):
+                listed = ", ".join(map(repr, self.param_choices[name]))
                 if not isinstance(value, str):
-                    raise TypeError(f"{where}; expected a string such as {default!r}")
+                    raise TypeError(f"{where} ({type(value).__name__}); expected one of {listed}")
+                if value not in self.param_choices[name]:
+                    raise ValueError(f"{where}; expected one of {listed}")
                 continue
             if default is not None and not isinstance(default, (int, float)):
                 continue
@@ -240,6 +251,8 @@ class Variant:
         return tuple(f for f in self.forms if not (causal and f in self.noncausal_only))
 
     def check_causal(self, causal: bool) -> None:
+        """``causal`` is a bool (a TypeError naming it otherwise), and True for a causal-only variant."""
+        check_bool("causal", causal)
         if not causal and "causal-only" in self.declares:
             raise ValueError(f"causal: got False; variant {self.name!r} is causal-only")
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ..featuremaps import elementwise
+from ..featuremaps import ELEMENTWISE, elementwise
 from ..forms import CHUNK_SIZES, accumulation_dtype, linear_recurrence
 from ..hyperparams import scale_value
 from ..torch_arith import TORCH
@@ -183,6 +183,7 @@ VARIANTS = [
         summary="NormAttention: RMSNorm/SRMSNorm of phi(Q)(phi(K)^T V), no denominator",
         source="Qin et al. 2022, The Devil in Linear Transformer",
         params={"feature": "elu1", "norm": "srmsnorm", "gain": 1.0, "norm_eps": 1e-6},
+        param_choices={"feature": tuple(ELEMENTWISE), "norm": NORMS},
         forms=LINEAR_FORMS,
         noncausal_only=("parallel",),
         algorithms_fn=(linear_form_norm,),
@@ -212,6 +213,7 @@ VARIANTS = [
         summary="tau (A - diag A) V: the write-ups' 'TransNormer', not the paper's method",
         source="popular write-ups (not Qin et al. 2022)",
         params={"feature": "elu1", "tau": 1.0},
+        param_choices={"feature": tuple(ELEMENTWISE)},
         forms=LINEAR_FORMS,
         noncausal_only=("parallel",),
         declares=frozenset({"causal", "linear-in-v"}),
