@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import pickle
+import re
 import threading
 import warnings
 import zlib
@@ -55,10 +56,18 @@ FAILURE_KINDS = (
 )
 
 
+# the characters of a target's exception message a Finding keeps (``bounded``): a message of megabytes
+# made a certificate of megabytes
+MESSAGE_LIMIT = 500
+_ADDRESS = re.compile(r"\b(at) 0x[0-9a-fA-F]{4,}")
+
+
 class TargetError(Exception):
-    """The target misbehaved; ``kind`` is one of FAILURE_KINDS."""
+    """The target misbehaved; ``kind`` is one of FAILURE_KINDS. The message is ``bounded`` (twice
+    MESSAGE_LIMIT: the exception's own text is bounded where it is described, ``_describe``)."""
 
     def __init__(self, kind: str, message: str):
+        message = bounded(message, 2 * MESSAGE_LIMIT)
         super().__init__(f"{kind}: {message}")
         self.kind = kind
         self.message = message
@@ -488,10 +497,24 @@ def _guarded_backward() -> Any:
     return _GUARDED_BACKWARD
 
 
+def bounded(text: str, limit: int = MESSAGE_LIMIT) -> str:
+    """``text`` with object addresses (``at 0x7f...``, which differ from run to run) written as ``at 0x...``,
+    cut to its first ``limit`` characters with the number left out noted (a certificate keeps the text)."""
+    text = _ADDRESS.sub(r"\1 0x...", text)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text) - limit} more characters)"
+
+
 def _describe(exc: BaseException) -> str:
+    """The exception's type and its message, ``bounded`` (a message that cannot be read is said to be so)."""
+    try:
+        text = f"exit code {exc.code!r}" if isinstance(exc, SystemExit) else str(exc)
+    except Exception as err:  # noqa: BLE001 - a __str__ or __repr__ of the target's own that raises
+        text = f"its message could not be read: {type(err).__name__}"
     if isinstance(exc, SystemExit):
-        return f"SystemExit (exit code {exc.code!r})"
-    return f"{type(exc).__name__}: {exc}"
+        return f"SystemExit ({bounded(text)})"
+    return f"{type(exc).__name__}: {bounded(text)}"
 
 
 def _rebuild_fn(rebuild: tuple[str, Any]) -> Callable[..., Any]:

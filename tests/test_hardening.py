@@ -287,3 +287,47 @@ def test_backward_agreement_compares_a_missing_gradient_as_zeros_and_says_so():
               domain=SMALL).findings[0]
     assert not f.passed and f.details["disconnected"] == ["dq"], f
     assert "no gradient reaches q (autograd gives None): compared as zeros" in f.details["note"]
+
+
+class _UnreadableMessage(Exception):
+    def __str__(self):
+        raise ValueError("no message")
+
+
+def raises_huge(q, k, v, *, causal):
+    raise RuntimeError("x" * 100_000)
+
+
+def raises_unreadable(q, k, v, *, causal):
+    raise _UnreadableMessage()
+
+
+def raises_with_an_address(q, k, v, *, causal):
+    raise RuntimeError(f"bad state {object()!r}")
+
+
+def exits_with_a_long_code(q, k, v, *, causal):
+    raise SystemExit("y" * 100_000)
+
+
+def test_a_target_message_is_kept_bounded_with_its_type():
+    from gramcheck.targets import MESSAGE_LIMIT
+
+    errors = {}
+    for fn in (raises_huge, raises_unreadable, raises_with_an_address, exits_with_a_long_code):
+        f = check(fn, "linear-elu", properties=["agreement"], domain=SMALL)["agreement"]
+        assert f.failure == "raised", f
+        errors[fn.__name__] = f.details["error"]
+    assert "raised RuntimeError: " + "x" * MESSAGE_LIMIT + f"... ({100_000 - MESSAGE_LIMIT} more characters)" in (
+        errors["raises_huge"]
+    )
+    assert errors["raises_unreadable"].endswith("raised _UnreadableMessage: its message could not be read: ValueError")
+    assert errors["raises_with_an_address"].endswith("RuntimeError: bad state <object object at 0x...>")
+    assert "raised SystemExit (exit code 'yyy" in errors["exits_with_a_long_code"]
+    assert all(len(e) < 2 * MESSAGE_LIMIT for e in errors.values())
+
+
+def test_certificates_of_a_target_with_addresses_in_its_messages_are_identical(tmp_path):
+    kw = {"properties": ["agreement"], "domain": SMALL}
+    a, b = (certify(raises_with_an_address, "linear-elu", out=str(tmp_path / d / "c.json"), **kw) for d in "ab")
+    assert not a.passed and a.to_json() == b.to_json()
