@@ -577,9 +577,18 @@ def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
             out.append(f"property {name}: in the certificate but not applicable or not requested on re-run")
             continue
         for field in sorted((set(a) | set(b)) - {"counterexample_file"}):  # named by where it lies; its hash compared
-            if canonical_json(a.get(field)) != canonical_json(b.get(field)):
-                out.append(f"property {name}.{field}: {_short(a.get(field))} -> {_short(b.get(field))}")
+            out += _field_differences(f"property {name}.{field}", a.get(field), b.get(field))
     return out
+
+
+def _field_differences(where: str, a: Any, b: Any) -> list[str]:
+    """'where: a -> b' where the canonical JSON of a and b differ; for two dicts, per key (``where.key``)."""
+    if canonical_json(a) == canonical_json(b):
+        return []
+    if isinstance(a, dict) and isinstance(b, dict):
+        keys = sorted(set(a) | set(b))
+        return [d for key in keys for d in _field_differences(f"{where}.{key}", a.get(key), b.get(key))]
+    return [f"{where}: {_short(a)} -> {_short(b)}"]
 
 
 def _short(x: Any, limit: int = 200) -> str:

@@ -239,7 +239,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         return 1
     recorded = "passed" if result.original["passed"] else "failed (as recorded)"
     console.print(f"{args.certificate}: {result.status} ({n} properties, {recorded}; covers {result.coverage})",
-                  markup=False)
+                  markup=False, soft_wrap=True)
     if not result.ok:
         console.print("the certificate records failures, or judged nothing: exit 1 (--accept-recorded-failures to "
                       "accept them)", markup=False)

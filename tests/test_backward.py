@@ -170,7 +170,7 @@ def test_float64_targets_are_left_to_gradcheck():
     r = check("builtin:softmax", causal=True, dtype="float64", properties=["backward-agreement"], domain=DOMAIN)
     f = r.findings[0]
     assert f.verdict == "skipped" and "gradcheck" in f.details["skipped"]
-    assert r.passed and torch.get_default_dtype() == torch.float32
+    assert not r.passed and not r.failures and torch.get_default_dtype() == torch.float32  # nothing judged
 
 
 @pytest.mark.parametrize("form", ["chunked", "recurrent", "parallel"])
@@ -393,3 +393,15 @@ def test_a_gradient_in_float32s_subnormals_is_allowed_their_spacing():
 
     doubled = with_changed_gradient(t.fn, "initial_state", lambda grad: 2 * grad)
     assert backward_agreement(Target(doubled, "mamba2", dtype="float32", name="dS0 x 2"), ex, causal=True).measured > 1
+
+
+@pytest.mark.parametrize(("variant", "name"), [("rwkv6", "u"), ("mamba2", "g"), ("gated-deltanet", "beta")])
+def test_gradcheck_differentiates_the_extra_inputs_of_a_float64_target(variant, name):
+    """backward-agreement leaves float64 targets to gradcheck, which differentiated q, k and v only: a doubled du
+    (rwkv6's bonus), dg or dbeta passed every property in float64. gradcheck takes the differentiable extra
+    inputs too: each fails, and the builtin passes."""
+    t = builtin(variant, dtype="float64")
+    wrong = with_changed_gradient(t.fn, name, lambda grad: grad * 2.0)
+    kw = {"causal": True, "dtype": "float64", "properties": ["gradcheck"]}
+    assert not check(wrong, variant, **kw)["gradcheck"].passed
+    assert check(f"builtin:{variant}", **kw)["gradcheck"].passed

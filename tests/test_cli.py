@@ -198,7 +198,8 @@ def test_a_skipped_property_reads_skipped_with_its_reason(capsys):
 
     code = main(["check", "builtin:gla", "--causal", "--dtype", "float64", "--property", "backward-agreement", *FAST])
     out = capsys.readouterr().out
-    assert code == 0 and "skipped" in out and "gradcheck judges" in out and "pass " not in out
+    assert "skipped" in out and "gradcheck judges" in out and "pass " not in out
+    assert code == 1 and "nothing was judged" in out  # a check of skipped properties alone checked nothing
 
 
 FLIP = '''

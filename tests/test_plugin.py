@@ -141,7 +141,8 @@ def test_two_suites_of_one_target_get_a_certificate_each(project):
     assert settings == [(["causality"], ["causality"], 4), (both, both, 4), (both, both, 6)]
     for name in certs:
         assert name.startswith("builtin_linear-elu-linear-elu-causal-float32-")
-        assert verify(project.path / "a" / name).ok
+        v = verify(project.path / "a" / name)
+        assert v.ok, v.differences
 
 
 def test_partial_files_of_another_session_are_not_merged(project):

@@ -4,7 +4,7 @@ analytic bounds, and gradient growth through stacked residual layers (proofs/jac
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -12,7 +12,7 @@ import numpy as np
 
 from ..findings import Finding
 from ..strategies import AttentionInputs
-from ..targets import Target
+from ..targets import Target, TargetError
 from .base import guarded, ratio_finding, with_counterexample
 from .invariants import _rng, _undefined
 
@@ -26,9 +26,11 @@ def _torch() -> Any:
     return torch
 
 
-def _call64(target: Target, causal: bool, extras: dict[str, Any]) -> Callable[..., Any]:
-    def f(q: Any, k: Any, v: Any) -> Any:
-        return target.call_torch(q, k, v, causal=causal, **extras)
+def _call64(target: Target, causal: bool, extras: dict[str, Any], free: Sequence[str] = ()) -> Callable[..., Any]:
+    """The target as a function of q, k, v and then of the extra inputs named in ``free`` (the rest fixed)."""
+
+    def f(q: Any, k: Any, v: Any, *xs: Any) -> Any:
+        return target.call_torch(q, k, v, causal=causal, **{**extras, **dict(zip(free, xs, strict=True))})
 
     return f
 
@@ -68,7 +70,9 @@ def _verdict(name: str, passed: bool, ex: AttentionInputs, **details: Any) -> Fi
 
 @guarded("gradcheck")
 def gradcheck(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding | None:
-    """torch.autograd.gradcheck of the target in float64 (analytic against central differences)."""
+    """torch.autograd.gradcheck of the target in float64 (analytic against central differences), with respect to
+    q, k, v and the differentiable extra inputs (decays, gates, bonus: a wrong dg or dbeta is wrong in float64
+    too, and backward-agreement leaves float64 targets to this property)."""
     torch = _torch()
     from torch.autograd.gradcheck import GradcheckError
 
@@ -80,14 +84,32 @@ def gradcheck(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding |
     t = target.tensors({"q": ex.q, "k": ex.k, "v": ex.v, **ex.extras}, requires_grad=True, dtype="float64")
     q, k, v = t.pop("q"), t.pop("k"), t.pop("v")
     prec = internal_precision(target, ex, causal)
-    info = {"computes_in": prec}
+    info: dict[str, Any] = {"computes_in": prec}
     if prec != "float64":
         info["note"] = f"computes in {prec} internally: judged with {prec} tolerances"
+    free = _free_extras(target, ex, 2 * GRADCHECK_TOLERANCES[prec]["eps"])
+    for n in free:
+        t[n].requires_grad_(True)
+    fixed = [n for n in ex.extras if target.variant.input(n).differentiable and n not in free]
+    if fixed:
+        info["held_fixed"] = fixed  # within a difference step of their range's edge (a decay of exactly 1)
     try:
-        ok = torch.autograd.gradcheck(_call64(target, causal, t), (q, k, v), **GRADCHECK_TOLERANCES[prec])
+        fn = _call64(target, causal, t, free)
+        ok = torch.autograd.gradcheck(fn, (q, k, v, *(t[n] for n in free)), **GRADCHECK_TOLERANCES[prec])
         return _verdict("gradcheck", bool(ok), ex, **info)
     except GradcheckError as err:
         return _verdict("gradcheck", False, ex, error=str(err).splitlines()[0][:300], **info)
+
+
+def _free_extras(target: Target, ex: AttentionInputs, margin: float) -> list[str]:
+    """The differentiable extra inputs that central differences of step ``margin`` / 2 keep inside their range
+    (a log-decay of exactly 0, a write strength of 0: the step would leave the variant's domain)."""
+    out = []
+    for n, x in ex.extras.items():
+        spec = target.variant.input(n)
+        if spec.differentiable and bool(np.all((x >= spec.low + margin) & (x <= spec.high - margin))):
+            out.append(n)
+    return out
 
 
 @guarded("finite-gradients")
@@ -142,7 +164,9 @@ def spectral_norm(f: Callable[[Any], Any], x: Any, *, iterations: int = POWER_IT
     if x.numel() <= EXACT_JACOBIAN_SIZE:
         try:
             jac = jacobian(f, x, vectorize=True)
-        except RuntimeError:  # a custom backward (autograd.Function) that vmap cannot batch
+        except (RuntimeError, TargetError):
+            # a custom backward (autograd.Function) that vmap cannot batch, raised through the target's guarded
+            # backward; a backward that fails for another reason fails again unbatched, and is the finding
             jac = jacobian(f, x, vectorize=False)
         mat = jac.reshape(-1, x.numel()).detach().cpu().numpy()
         if not np.all(np.isfinite(mat)):
