@@ -53,7 +53,7 @@ from . import variants as _variants
 from .arith import F64, ProbabilisticModel, ResolutionModel, RoundedArith, flushes, rounding_model, subnormals
 from .findings import Finding, error_ratios
 from .oracle import truth, truth_given
-from .precision import dtype_name, overflow_threshold, unit_roundoff
+from .precision import dtype_name, overflow_threshold, round_to, unit_roundoff
 from .spectra import decayed_cumsum, denominator_terms
 
 REASSOCIATION_FACTOR = 2.0
@@ -149,12 +149,15 @@ def naive_definition(
     return ar.stored(ball)
 
 
-def accumulator_computes(variant: Any, q: Any, k: Any, v: Any, *, causal: bool, **kwargs: Any) -> np.ndarray:
+def accumulator_computes(
+    variant: Any, q: Any, k: Any, v: Any, *, causal: bool, dtype: Any, **kwargs: Any
+) -> np.ndarray:
     """Where the definition or another standard algorithm of the variant, every operation rounded to float32
-    (the least precision a kernel accumulates in), returns a finite output on the inputs q, k, v (already in
-    the target's dtype)."""
+    (the least precision a kernel accumulates in), returns an output that is finite once stored in ``dtype``
+    (a float32 value of 65520 is inf in float16), on the inputs q, k, v (already in ``dtype``)."""
     forms = naive_forms(variant, q, k, v, causal=causal, dtype="float32", **kwargs)
-    return np.any([np.isfinite(f.value) for f in forms], axis=0)
+    with np.errstate(all="ignore"):
+        return np.any([np.isfinite(round_to(f.value, dtype)) for f in forms], axis=0)
 
 
 def naive_forms(
@@ -723,7 +726,7 @@ def check_agreement(
     @functools.cache
     def computed32() -> np.ndarray:
         """``accumulator_computes``, evaluated once, when a non-finite output meets no finite bound."""
-        return accumulator_computes(var, q, k, v, causal=causal, **kwargs)
+        return accumulator_computes(var, q, k, v, causal=causal, dtype=dtype, **kwargs)
 
     # first without the rule's request (float64 mostly suffices): a sharper truth is asked for only when
     # the rule's verdict could change with it (``_Judged.rule_open``)

@@ -581,12 +581,17 @@ def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     return out
 
 
+# the target's own words (its exception's text, which may hold ids or times): its failure kind and verdict are compared
+NOT_COMPARED = {"error"}
+
+
 def _field_differences(where: str, a: Any, b: Any) -> list[str]:
-    """'where: a -> b' where the canonical JSON of a and b differ; for two dicts, per key (``where.key``)."""
+    """'where: a -> b' where the canonical JSON of a and b differ; for two dicts, per key (``where.key``), the
+    details' ``NOT_COMPARED`` keys left out."""
     if canonical_json(a) == canonical_json(b):
         return []
     if isinstance(a, dict) and isinstance(b, dict):
-        keys = sorted(set(a) | set(b))
+        keys = sorted((set(a) | set(b)) - (NOT_COMPARED if where.endswith(".details") else set()))
         return [d for key in keys for d in _field_differences(f"{where}.{key}", a.get(key), b.get(key))]
     return [f"{where}: {_short(a)} -> {_short(b)}"]
 

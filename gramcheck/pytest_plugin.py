@@ -33,6 +33,8 @@ from typing import Any
 
 import pytest
 
+from .findings import passed_verdicts
+
 _RESULTS_KEY = "_gramcheck_results"
 _SESSION_KEY = "_gramcheck_session"  # the controller's session id (config attribute and workerinput key)
 
@@ -236,7 +238,7 @@ def _merge_partials(directory: Path, session_id: str) -> None:
         merged["properties"] = [entries[n] for n in order if n in entries]
         if len(merged["properties"]) < len(order):
             merged["requested"] = [e["property"] for e in merged["properties"]]
-        merged["passed"] = all(e["verdict"] != "fail" for e in merged["properties"])
+        merged["passed"] = passed_verdicts(e["verdict"] for e in merged["properties"])
         merged.pop("content_hash", None)
         merged["content_hash"] = content_hash(merged)
         (directory / f"{stem}.json").write_text(canonical_json(merged), encoding="utf-8")

@@ -421,12 +421,6 @@ def gla_states_of_the_first_batch_row(q, k, v, *, causal, g, initial_state=None,
     return res
 
 
-def based_keys_of_the_first_batch_row(q, k, v, *, causal):
-    """Based whose forward reads every batch row's keys at row 0's offset (a fused kernel's K pointer without
-    its batch stride): right when B = 1."""
-    return V.get("based").torch(q, k[:1].expand_as(k), v, causal=causal)
-
-
 def linear_elu_masked_by_product(q, k, v, *, causal):
     """Causal normalised elu + 1 attention with the mask applied as a product: in float16 a future score
     past 65504 is inf, and inf * 0 is NaN in every row before it (the builtin chunked form did this)."""

@@ -30,3 +30,8 @@ def sleeps(q, k, v, *, causal):
 
 def raises_long(q, k, v, *, causal):
     raise RuntimeError("boom: the kernel needs d_k divisible by 16 " + "x" * 300)
+
+
+def raises_with_an_id(q, k, v, *, causal):
+    """Raises with a number that differs on every call (an object's id): the same failure, other words."""
+    raise ValueError(f"kernel state {id(object())} is not ready")

@@ -110,6 +110,11 @@ def test_a_property_that_could_not_be_judged_is_skipped_with_its_reason(project)
     assert "gramcheck: packing not judged: " in result.stdout.str() and "takes no cu_seqlens" in result.stdout.str()
     (cert,) = _certificates(project.path / "c").values()
     assert [(e["property"], e["verdict"]) for e in cert["properties"]] == [("packing", "skipped")]
+    # nothing was judged: the merged certificate does not pass, and it loads (passed agrees with its verdicts)
+    from gramcheck.certificate import load
+
+    (path,) = (project.path / "c").glob("*.json")
+    assert cert["passed"] is False and load(path)["passed"] is False
 
 
 def test_two_suites_of_one_target_get_a_certificate_each(project):

@@ -221,3 +221,18 @@ def test_the_bias_bound_is_tight_where_one_key_carries_all_the_variance():
         assert 0.5 <= mc[m] / leading_bias(m) <= 1.5, (m, mc[m], leading_bias(m), sd)
         assert abs(mc[m]) + 4 * sd <= bounds.favor_output_moments(x, y, v, m, "positive")["bias"][0, 0, 0, 0]
     assert 1.5 <= mc[32] / mc[64] <= 3.0, mc
+
+
+def test_an_input_that_gives_one_output_whatever_the_draw_is_not_a_target_that_does_not_redraw():
+    """Every key 0 (the degenerate kind): every draw of a redrawing target gives the mean of v exactly. That
+    example said 'does not redraw' and skipped the whole property; it is no example now (a generic input shows
+    the target redraws), and the property is judged on the others."""
+    r = check(
+        "builtin:performer-positive",
+        dtype="float32",
+        seed=16,
+        domain={"max_n": 2, "max_d": 1, "examples": 3, "kinds": ["degenerate"]},
+        properties=["output-unbiased"],
+    )
+    f = r.findings[0]
+    assert f.verdict == "pass" and f.details["examples"] >= 1, f.details

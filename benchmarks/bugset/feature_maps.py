@@ -292,6 +292,15 @@ def ul24990_scale_after_matmul_fixed(q, k, v, *, causal):
     return causal_softmax((q * scale) @ k.transpose(-2, -1), v, causal)
 
 
+def ul24990_fixed_scores_overflow() -> bool:
+    """The fix's flaw: its scaled scores are still float16, so a scaled logit below -65504 is -inf, and a row
+    of them is 0/0 where the exact output is finite (q = -k = 1000 at N = 1, d = 1: the output is v = 3, and
+    float32 scores compute it)."""
+    q = torch.full((1, 1, 1, 1), 1000.0, dtype=torch.float16)
+    v = torch.full((1, 1, 1, 1), 3.0, dtype=torch.float16)
+    return bool(torch.isnan(ul24990_scale_after_matmul_fixed(q, -q, v, causal=True)).all())
+
+
 # --------------------------------------------------------------------------------------------------
 # 8. vllm #16311: llama4 QK norm shared across heads (normalised over H * d instead of per head)
 # --------------------------------------------------------------------------------------------------
@@ -526,6 +535,12 @@ CASES += [
         fixed=ul24990_scale_after_matmul_fixed,
         causal=True,
         dtype="float16",
+        flaw=(
+            "agreement: the scaled scores are still float16, so logits below -65504 are -inf and a row of them is "
+            "0/0 where the exact output is finite and float32 scores compute it (ul24990_fixed_scores_overflow)"
+        ),
+        shows_flaw=ul24990_fixed_scores_overflow,
+        flaw_properties=("agreement",),
     ),
     # trigger: H >= 2 (with one head the flattened and per-head norms coincide)
     Case(
