@@ -396,7 +396,8 @@ def test_a_failure_whose_message_changes_between_runs_still_verifies(tmp_path):
     kind and the verdict, not the text (comparing every detail made an honest failing certificate 'results
     changed')."""
     out = tmp_path / "raises.json"
-    cert = certify("isolation_targets:raises_with_an_id", "softmax", properties=["agreement"], domain=TINY, out=str(out))
+    spec = "isolation_targets:raises_with_an_id"
+    cert = certify(spec, "softmax", properties=["agreement"], domain=TINY, out=str(out))
     assert not cert.passed and cert.data["properties"][0]["failure"] == "raised"
     result = verify(out, accept_recorded_failures=True)
     assert result.ok and result.status == "reproduced", result.differences
