@@ -342,7 +342,10 @@ class Verification:
 
     @property
     def ok(self) -> bool:
-        return self.reproduced and (bool(self.original["passed"]) or self.accept_recorded_failures)
+        """Reproduced, and a pass, or (``accept_recorded_failures``) a record of failures: never a record of
+        nothing judged."""
+        failed = any(e["verdict"] == "fail" for e in self.original["properties"])
+        return self.reproduced and (bool(self.original["passed"]) or (self.accept_recorded_failures and failed))
 
     @property
     def status(self) -> str:

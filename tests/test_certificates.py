@@ -386,6 +386,7 @@ def test_a_check_that_judges_nothing_does_not_pass(tmp_path, capsys):
     out = tmp_path / "nothing.json"
     cert = certify(spec, "gla", causal=True, properties=["packing"], domain=TINY, out=str(out))
     assert not cert.passed and not load(out)["passed"]
+    assert verify(out).reproduced and not verify(out, accept_recorded_failures=True).ok  # no failure to accept
     args = ["check", spec, "--variant", "gla", "--causal", "--property", "packing", "--max-n", "4", "--max-d", "2"]
     assert main(args) == 1
     assert "nothing was judged" in capsys.readouterr().out
