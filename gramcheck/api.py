@@ -18,7 +18,7 @@ from .report import Report
 from .search import Domain, run_property
 from .strategies import PROFILES
 from .targets import DEFAULT_ISOLATION, ISOLATIONS, Target, builtin, resolve
-from .validation import check_bool, check_choice, check_writable_file
+from .validation import check_choice, check_writable_file
 
 if TYPE_CHECKING:
     from .certificate import Certificate
@@ -195,11 +195,10 @@ def check(
     are tiny and a parallel region costs more than their work; 0 leaves the settings alone)."""
     check_choice("profile", profile, tuple(PROFILES))
     check_choice("isolation", isolation, ISOLATIONS)
-    causal = check_bool("causal", causal)
     seed = check_seed(seed)
     t = make_target(target, variant, dtype=dtype, device=device, params=params, timeout=timeout, subnormals=subnormals)
     var = t.variant
-    var.check_causal(causal)
+    causal = var.check_causal(causal)
     dom = check_domain(var, domain, profile, memory_budget=memory_budget)
     props = select_properties(var, causal, dict(t.params), t.dtype, properties, own_draws=bool(t.own_draws))
     report = Report(

@@ -577,21 +577,24 @@ def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
             out.append(f"property {name}: in the certificate but not applicable or not requested on re-run")
             continue
         for field in sorted((set(a) | set(b)) - {"counterexample_file"}):  # named by where it lies; its hash compared
-            out += _field_differences(f"property {name}.{field}", a.get(field), b.get(field))
+            x, y = a.get(field), b.get(field)
+            if field == "details":
+                x, y = ({k: v for k, v in d.items() if k not in NOT_COMPARED} for d in (x or {}, y or {}))
+            out += _field_differences(f"property {name}.{field}", x, y)
     return out
 
 
-# the target's own words (its exception's text, which may hold ids or times): its failure kind and verdict are compared
+# details that are the target's own words (its exception's text, which may hold ids or times): its failure kind
+# and verdict are compared
 NOT_COMPARED = {"error"}
 
 
 def _field_differences(where: str, a: Any, b: Any) -> list[str]:
-    """'where: a -> b' where the canonical JSON of a and b differ; for two dicts, per key (``where.key``), the
-    details' ``NOT_COMPARED`` keys left out."""
+    """'where: a -> b' where the canonical JSON of a and b differ; for two dicts, per key (``where.key``)."""
     if canonical_json(a) == canonical_json(b):
         return []
     if isinstance(a, dict) and isinstance(b, dict):
-        keys = sorted((set(a) | set(b)) - (NOT_COMPARED if where.endswith(".details") else set()))
+        keys = sorted(set(a) | set(b))
         return [d for key in keys for d in _field_differences(f"{where}.{key}", a.get(key), b.get(key))]
     return [f"{where}: {_short(a)} -> {_short(b)}"]
 

@@ -191,6 +191,18 @@ def log_decay_terms(arrays: dict[str, np.ndarray], ref: dict[str, np.ndarray], n
     return np.broadcast_to(total if g.ndim == 4 else total[..., 0], g.shape)
 
 
+def gradient_sizes(
+    arrays: dict[str, np.ndarray], ref: dict[str, np.ndarray], names: list[str]
+) -> dict[str, tuple[float, float]]:
+    """Per input x of ``names``: (max |G*_x|, its natural size), the natural size being L's sensitivity to a
+    relative change of every input, sum_y max|G*_y| max|y|, over max|x| (0 where x is 0): the size of x's
+    gradient even where it vanishes by cancellation (dq and dk of a normalised form at N = 1)."""
+    size = {n: float(np.max(np.abs(arrays[n]), initial=0.0)) for n in names}
+    largest = {n: float(np.max(np.abs(ref[n]), initial=0.0)) for n in names}
+    sensitivity = sum(largest[n] * size[n] for n in names)
+    return {n: (largest[n], sensitivity / size[n] if size[n] > 0 else 0.0) for n in names}
+
+
 def accumulation_length(ex: AttentionInputs) -> int:
     """n = N + d_k + d_v: the roundings of an accumulation on any chain-rule path of an attention gradient
     (a sum over at most N tokens of terms formed by inner products over d_k and d_v)."""
@@ -289,10 +301,7 @@ def _judge_gradients(
     naive_err, scales = {}, {}
     unjudged: list[str] = []
     in_norm: list[str] = []
-    size = {n: float(np.max(np.abs(arrays[n]), initial=0.0)) for n in names}
-    # L's sensitivity to a relative change of every input, sum_y max|G*_y| max|y|, over max|x|: the size of
-    # x's gradient even where it vanishes by cancellation (dq and dk of a normalised form at N = 1)
-    sensitivity = sum(float(np.max(np.abs(ref[n]), initial=0.0)) * size[n] for n in names)
+    sizes = gradient_sizes(arrays, ref, names)
 
     for n in names:
         # an exact gradient past the dtype's range is returned as inf by every correct backward: measured by its
@@ -312,8 +321,7 @@ def _judge_gradients(
             return lambda d: size(np.where(past, 0.0, d))
 
         e_n = yardstick_error(computed, ref, n, within(_largest))
-        largest = float(np.max(np.abs(ref[n]), initial=0.0))
-        natural = sensitivity / size[n] if size[n] > 0 else 0.0
+        largest, natural = sizes[n]
         own_size = largest if largest > CANCELLED * natural else natural  # natural where G*_x cancels to 0
         scale = np.maximum(largest, terms[n])
         if _is_log_decay(target, n):  # production kernels form dg as a reverse sum that cancels

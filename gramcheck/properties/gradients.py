@@ -348,20 +348,13 @@ def _disconnected(target: Target, ex: AttentionInputs, missing: list[str], w: np
     vanishes exactly or by cancellation, as dq and dk of a normalised form at N = 1, may be None)."""
     if not missing:
         return []
-    from .backward import CANCELLED, definition_gradients
+    from .backward import CANCELLED, definition_gradients, gradient_sizes
 
     arrays = {"q": ex.q, "k": ex.k, "v": ex.v, **ex.extras}
     with np.errstate(all="ignore"):
         ref = definition_gradients(target, arrays, ["q", "k", "v"], w, None, causal=causal, dtype="float64")
-    size = {n: float(np.max(np.abs(arrays[n]), initial=0.0)) for n in "qkv"}
-    largest = {n: float(np.max(np.abs(np.nan_to_num(ref[n], nan=np.inf)), initial=0.0)) for n in "qkv"}
-    sensitivity = sum(largest[n] * size[n] for n in "qkv")
-    out = []
-    for n in missing:
-        natural = sensitivity / size[n] if size[n] > 0 else 0.0
-        if largest[n] > CANCELLED * natural:
-            out.append(n)
-    return out
+    sizes = gradient_sizes(arrays, {n: np.nan_to_num(g, nan=np.inf) for n, g in ref.items()}, ["q", "k", "v"])
+    return [n for n in missing if sizes[n][0] > CANCELLED * sizes[n][1]]
 
 
 def _disconnected_details(target: Target, cut: list[str]) -> dict[str, Any]:

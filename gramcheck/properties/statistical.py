@@ -66,19 +66,26 @@ def _capped(x: np.ndarray, root_scale: float) -> np.ndarray:
     return x * np.minimum(1.0, NORM_CAP / np.maximum(norms, 1e-300))
 
 
+def _call_draw(target: Target, ts: dict[str, Any], causal: bool, r: int, m: int, seed: int) -> np.ndarray:
+    """The target's output (float64) on the tensors ``ts`` with its r-th draw: its own, or, for a target
+    taking the projection, a fresh iid one (m, d) seeded by ``seed`` + r."""
+    spec = next(s for s in target.variant.inputs if s.size_param)
+    d = ts["q"].shape[-1]
+    extra = {} if spec.name in target.own_draws else target.tensors(
+        {spec.name: random_projection(m, d, kind="iid", seed=seed + r)}
+    )
+    out = target.call_torch(ts["q"], ts["k"], ts["v"], causal=causal, draw=r, **extra)
+    return out.detach().double().cpu().numpy()
+
+
 def _redraws(target: Target, causal: bool, d: int, m: int) -> bool:
     """Whether two calls of the target on a fixed generic input (Gaussian, N = 4) give different outputs: an
     input can give equal outputs on every draw by itself (all keys 0), a target that does not redraw gives
     them on every input."""
-    spec = next(s for s in target.variant.inputs if s.size_param)
     rng = np.random.default_rng(0)
     ts = target.tensors({n: rng.standard_normal((1, 1, 4, d)) * 0.5 for n in ("q", "k", "v")})
-    outs = []
-    for r in range(2):
-        own = spec.name in target.own_draws
-        extra = {} if own else target.tensors({spec.name: random_projection(m, d, kind="iid", seed=r)})
-        outs.append(target.call_torch(ts["q"], ts["k"], ts["v"], causal=causal, draw=r, **extra).detach().cpu())
-    return not bool(np.array_equal(outs[0].numpy(), outs[1].numpy()))
+    first, second = (_call_draw(target, ts, causal, r, m, 0) for r in range(2))
+    return not bool(np.array_equal(first, second))
 
 
 def _draws(
@@ -101,9 +108,7 @@ def _draws(
     random = bool(np.any(moments["spread"] > 0))  # else every output is one value whatever the draw (n = 1)
     outs = []
     for r in range(DRAWS):
-        extra = {} if own else target.tensors({spec.name: random_projection(m, d, kind="iid", seed=seed + r)})
-        out = target.call_torch(ts["q"], ts["k"], ts["v"], causal=causal, draw=r, **extra)
-        outs.append(out.detach().double().cpu().numpy())
+        outs.append(_call_draw(target, ts, causal, r, m, seed))
         if r == 1 and random and np.array_equal(outs[0], outs[1]):
             if _redraws(target, causal, d, m):
                 return None

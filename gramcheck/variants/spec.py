@@ -250,11 +250,13 @@ class Variant:
         """The torch forms available in this mode."""
         return tuple(f for f in self.forms if not (causal and f in self.noncausal_only))
 
-    def check_causal(self, causal: bool) -> None:
-        """``causal`` is a bool (a TypeError naming it otherwise), and True for a causal-only variant."""
-        check_bool("causal", causal)
+    def check_causal(self, causal: bool) -> bool:
+        """``causal`` as a bool: a TypeError naming it where it is not one, a ValueError where it is False for a
+        causal-only variant."""
+        causal = check_bool("causal", causal)
         if not causal and "causal-only" in self.declares:
             raise ValueError(f"causal: got False; variant {self.name!r} is causal-only")
+        return causal
 
     def reference(self, q: Any, k: Any, v: Any, *, causal: bool = False, arith: Any = F64, **kwargs: Any) -> Any:
         """Evaluate the definition on float64 NumPy inputs in arithmetic ``arith``; returns that
