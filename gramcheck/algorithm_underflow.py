@@ -23,6 +23,10 @@ torch's and cuBLAS's half-precision GEMMs), so that float16's subnormals (6e-8 t
 values) arise only where a result is stored: the other algorithms' float16 intermediates are roundings
 production kernels do not make, and charging them passed wrong float16 outputs.
 
+The second pass adds, for a variant with log-decay inputs, the share of their cumulative sums
+(``decay_sums``): the other algorithms' relative rounding in exactly one place, the decay weights, whose
+backward error is bounded by the sums' magnitudes and is never vacuous in float64.
+
 The definition's bounds judge first; the share is computed only for a judgment that fails with them
 (``judged``), so a correct output that the definition's bounds already pass costs nothing more, and only
 a failing target pays the other algorithms' two model evaluations.
@@ -38,6 +42,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from .arith import RoundingModel
+from .decay_sums import decay_sum_share, log_decay_inputs
 from .findings import Finding
 from .precision import smallest_normal
 
@@ -79,12 +84,21 @@ def underflow_share(
 
 def added_share(var: Any, ar: Any, result: Any, q: Any, k: Any, v: Any, *, causal: bool, dtype: Any, **kw: Any) -> Any:
     """What a rounding bound computed in the model ``ar`` (a ``RoundingModel`` or ``ProbabilisticModel``),
-    whose evaluation of the definition gave ``result``, adds: ``underflow_share`` in the same model
-    where the judgment asks for it (``judged``), else 0."""
+    whose evaluation of the definition gave ``result``, adds where the judgment asks for it (``judged``):
+    ``underflow_share`` and the cumulative log-decays' share (``decay_sums``) in the same model, else 0."""
     if not _SHARED.get():
         return _joined([0.0] * len(_parts(result)))
     like = _joined([np.zeros(np.shape(p.mid)) for p in _parts(result)])
-    return underflow_share(var, q, k, v, causal=causal, dtype=dtype, like=like, model=type(ar), **kw)
+    share = underflow_share(var, q, k, v, causal=causal, dtype=dtype, like=like, model=type(ar), **kw)
+    sums = decay_sum_share(var, result, q, k, v, causal=causal, dtype=dtype, model=type(ar), **kw)
+    if sums is None:
+        return share
+    return _joined([a + b for a, b in zip(_parts(share), sums, strict=True)])
+
+
+def has_second_pass(var: Any, causal: bool) -> bool:
+    """Whether ``added_share`` can add anything: other standard algorithms, or log-decay inputs."""
+    return has_algorithms(var, causal) or bool(log_decay_inputs(var))
 
 
 def has_algorithms(var: Any, causal: bool) -> bool:
@@ -116,10 +130,10 @@ def _joined(parts: Any) -> Any:
 
 def judged(var: Any, judge: Callable[[], F]) -> F:
     """``judge()`` against the definition's bounds; where that fails and the variant has other standard
-    algorithms, ``judge()`` once more with their underflow share in every rounding bound (``added_share``),
-    recorded as ``details["algorithms_underflow"]``."""
+    algorithms or log-decay inputs, ``judge()`` once more with their shares in every rounding bound
+    (``added_share``), recorded as ``details["algorithms_underflow"]`` and ``details["log_decay_sums"]``."""
     first = judge()
-    if first is None or first.passed or not has_algorithms(var, True) or _SHARED.get():
+    if first is None or first.passed or not has_second_pass(var, True) or _SHARED.get():
         return first
     token = _SHARED.set(True)
     try:
@@ -127,7 +141,10 @@ def judged(var: Any, judge: Callable[[], F]) -> F:
     finally:
         _SHARED.reset(token)
     if second is not None:
-        second.details["algorithms_underflow"] = True
+        if has_algorithms(var, True):
+            second.details["algorithms_underflow"] = True
+        if log_decay_inputs(var):
+            second.details["log_decay_sums"] = True
     return second
 
 

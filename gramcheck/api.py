@@ -213,6 +213,7 @@ def check(
         params=dict(t.overrides),
         requested=None if properties is None else [p.name for p in props],
         subnormals=t.subnormals,
+        limits={"timeout": t.timeout, "memory_budget": memory_budget},
     )
     n_threads = _threads.resolve(threads)  # validated before any work
     if isolation == "process":
@@ -399,6 +400,7 @@ def verify(
         seed=data["seed"],
         params=data["params"] or None,
         isolation=isolation or DEFAULT_ISOLATION,
+        **data.get("limits", {}),
     )
     diffs = differences(data, cert.data)
     envs = environment_differences(data, cert.data)

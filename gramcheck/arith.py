@@ -468,6 +468,12 @@ class BallArith(Arith):
     def to_float64(self, x: Ball) -> np.ndarray:
         return self.b.to_float64(x.mid)
 
+    def widened(self, x: Any, rad: Any) -> Ball:
+        """x with ``rad`` (a non-negative float64 array broadcasting to x) added to its radius: an input known
+        only to within rad, such as the log-decays a form perturbs by summing them (``decay_sums``)."""
+        x = self._lift(x)
+        return Ball(self, x.mid, x.rad + self.b.asarray(np.broadcast_to(rad, np.shape(x.mid))), held=x.held)
+
     def radius(self, x: Ball) -> np.ndarray:
         """Radius as float64 rounded up (``float_up``), and by one more part in 2^52. A NaN radius (an
         unbounded radius times an exact zero, e.g. a vacuous softmax row against the zeros of V = I) is

@@ -428,6 +428,7 @@ def from_report(
         "domain": report.domain,
         "profile": report.profile,
         "seed": report.seed,
+        "limits": report.limits,
         "requested": None if requested is None else list(requested),
         "passed": report.passed,
         "properties": entries,
@@ -556,7 +557,9 @@ def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     one certificate only. Environment and source differences are not results: see
     ``environment_differences`` and ``source_changed``."""
     out = []
-    for key in ("variant", "params", "causal", "domain", "profile", "seed", "requested", "passed"):
+    for key in ("variant", "params", "causal", "domain", "profile", "seed", "limits", "requested", "passed"):
+        if key == "limits" and key not in old:
+            continue  # written before limits were recorded: verify ran with the defaults
         if old.get(key) != new.get(key):
             out.append(f"{key}: {old.get(key)!r} -> {new.get(key)!r}")
     if old["target"].get("name") != new["target"].get("name"):

@@ -142,6 +142,7 @@ def attention_suite(
             _properties.get(gramcheck_property), t, causal=causal, domain=dom, profile_name=prof, seed=sd
         )
         settings = [spec, t.variant.name, dict(t.overrides), causal, t.dtype, t.device, t.subnormals, t.timeout]
+        settings += [memory_budget]
         settings += [names, requested, dom.resolved(prof).to_dict(), prof, sd]
         getattr(cfg, _RESULTS_KEY, {}).setdefault(
             _stem(spec, t, causal, settings),
@@ -155,6 +156,7 @@ def attention_suite(
                 "findings": {},
                 "order": names,
                 "requested": requested,
+                "limits": {"timeout": t.timeout, "memory_budget": memory_budget},
             },
         )["findings"][finding.name] = finding
         if not finding.passed:
@@ -212,6 +214,7 @@ def _write_partials(results: dict[str, dict[str, Any]], directory: Path, session
             params=dict(t.overrides),
             requested=r["requested"],
             subnormals=t.subnormals,
+            limits=r["limits"],
         )
         cert = certificate_of(report, t, spec=r["spec"], stem=stem)
         for name, blob in cert.attachments.items():

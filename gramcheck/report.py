@@ -82,6 +82,8 @@ class Report:
     requested: list[str] | None = None
     # the target's underflow as the rounding bounds model it (arith.subnormals)
     subnormals: str = "gradual"
+    # the run's limits: seconds per target call (None: none) and the memory budget in bytes (None: the default)
+    limits: dict[str, Any] = field(default_factory=lambda: {"timeout": None, "memory_budget": None})
 
     @property
     def passed(self) -> bool:

@@ -428,3 +428,11 @@ def linear_elu_masked_by_product(q, k, v, *, causal):
     n = q.shape[-2]
     s = (fq @ fk.transpose(-1, -2)) * torch.ones(n, n, dtype=q.dtype).tril()
     return ((s.float() @ v.float()) / s.float().sum(-1, keepdim=True)).to(q.dtype)
+
+
+def rwkv6_in_float32_with_dq_five_percent_off(q, k, v, *, causal, g, u):
+    """RWKV-6 computed in float32 whose backward scales dq by 1.05 (the forward is unchanged: q + 0.05 (q -
+    stop_gradient(q)) equals q)."""
+    from correct_lowprec import rwkv6_in_float32
+
+    return rwkv6_in_float32(q + 0.05 * (q - q.detach()), k, v, causal=causal, g=g, u=u)

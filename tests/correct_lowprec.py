@@ -87,3 +87,14 @@ def performer_in_dtype(name: str, dtype: str, form: str = "chunked"):
         return torch_normalised(fq, fk, v, causal=causal, form=form, chunk_size=64, eps=eps, g=g)
 
     return Target(favor_in_dtype, var, dtype=dtype, params=dict(p), name=f"{name} (features in {dtype})")
+
+
+def rwkv6_in_float32(q, k, v, *, causal, g, u, initial_state=None, output_final_state=False):
+    """The builtin RWKV-6 computed in float32 (every input cast, as fla's naive references do) and cast back."""
+    dt = q.dtype
+    f32 = lambda x: None if x is None else x.float()  # noqa: E731
+    r = V.get("rwkv6").torch(
+        f32(q), f32(k), f32(v), causal=causal, g=f32(g), u=f32(u), initial_state=f32(initial_state),
+        output_final_state=output_final_state,
+    )
+    return (r[0].to(dt), r[1].to(dt)) if isinstance(r, tuple) else r.to(dt)

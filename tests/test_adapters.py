@@ -22,8 +22,10 @@ def test_fla_naive_references_agree_in_float32(name):
 
 @needs_fla
 def test_fla_naive_computes_in_float32_even_for_float64_inputs():
-    """The naive code calls .float(). In float64 that is a real finding: its error is
-    float32-sized, far beyond the float64 rounding bound, and gradcheck's float64 Jacobian disagrees."""
+    """The naive code calls .float(). In float64 that is a real finding of agreement: its error is
+    float32-sized, far beyond the float64 rounding bound. Its gradients are the float32 computation's own,
+    correct to float32's rounding: gradcheck judges them with the noise of that rounding and says so (with
+    fixed float32 tolerances it failed them, a false alarm: proofs/jacobian-bounds.md)."""
     variant, params = fla.params("retention", D)
     r = check(
         fla.retention,
@@ -35,7 +37,7 @@ def test_fla_naive_computes_in_float32_even_for_float64_inputs():
         properties=["agreement", "gradcheck"],
     )
     assert not r["agreement"].passed and r["agreement"].measured > 100
-    assert not r["gradcheck"].passed
+    assert r["gradcheck"].passed and r["gradcheck"].details["computes_in"] == "float32"
 
 
 @needs_performer

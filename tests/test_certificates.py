@@ -402,3 +402,37 @@ def test_a_failure_whose_message_changes_between_runs_still_verifies(tmp_path):
     assert not cert.passed and cert.data["properties"][0]["failure"] == "raised"
     result = verify(out, accept_recorded_failures=True)
     assert result.ok and result.status == "reproduced", result.differences
+
+
+def test_the_limits_are_recorded_and_verify_applies_them(tmp_path, monkeypatch):
+    """A check that timed out under a short timeout reproduces only under the same timeout: the certificate
+    records the timeout and the memory budget, and verify re-runs with them; one written before they were
+    recorded verifies with the defaults."""
+    import gramcheck.api as api
+
+    path = tmp_path / "limits.json"
+    cert = certify("builtin:retnet", causal=True, properties=["agreement"], domain=TINY, timeout=30.0,
+                   memory_budget=2.0**31, out=str(path))
+    assert cert.data["limits"] == {"timeout": 30.0, "memory_budget": 2.0**31}
+    seen = []
+    original = api.certify
+
+    def spy(*args, **kw):
+        seen.append({k: kw.get(k) for k in ("timeout", "memory_budget")})
+        return original(*args, **kw)
+
+    monkeypatch.setattr(api, "certify", spy)
+    assert verify(path).ok
+    assert seen[-1] == {"timeout": 30.0, "memory_budget": 2.0**31}
+    data = json.loads(path.read_text())
+    data["limits"]["timeout"] = 7.0
+    _rewrite(path, data)
+    v = verify(path)
+    assert seen[-1]["timeout"] == 7.0 and v.ok  # the same result under the recorded limit
+    del data["limits"]
+    _rewrite(path, data)
+    assert verify(path).ok and seen[-1] == {"timeout": None, "memory_budget": None}
+    data["limits"] = {"timeout": 0}
+    _rewrite(path, data)
+    with pytest.raises(CertificateError):
+        verify(path)

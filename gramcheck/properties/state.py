@@ -32,9 +32,10 @@ from ..agreement import (
     per_slice,
     slice_magnitude,
 )
-from ..arith import BALL_F64, F64, BallMP, RoundedArith, rounding_model
+from ..arith import BALL_F64, F64, RoundedArith, rounding_model
 from ..findings import Finding, error_ratios
 from ..forms import CHUNK_SIZES
+from ..oracle import escalation_arith
 from ..precision import overflow_threshold, round_to, unit_roundoff
 from ..strategies import AttentionInputs
 from ..targets import Target
@@ -72,14 +73,15 @@ def _reference(target: Target, ex: AttentionInputs, arith: Any, **opts: Any) -> 
 def state_truth(target: Target, ex: AttentionInputs, s0: np.ndarray | None, atol: tuple[np.ndarray, ...]) -> tuple:
     """((out, S_N) exact to within ``atol`` (per part), (their enclosure radii)): the variant's own certified
     float64 evaluation where it has one (``Variant.enclosure``: the delta rule's, whose ball radii wrap from
-    N ~ 60), then float64 balls, mpmath balls at 128, 256, 512 bits only where that falls short; entrywise the
+    N ~ 60), then float64 balls, the oracle's multiprecision balls (``oracle.escalation_arith``: Arb where
+    python-flint is installed) at 128, 256, 512 bits only where that falls short; entrywise the
     tighter of the enclosure and the last balls (both enclose the exact value)."""
     own = target.variant.enclosure(
         ex.q, ex.k, ex.v, causal=True, output_final_state=True, initial_state=s0, **target.params, **ex.extras
     )
     if own is not None and all(np.all(r <= a) for r, a in zip(own[1], atol, strict=True)):
         return own
-    for arith in (BALL_F64, BallMP(128), BallMP(256), BallMP(512)):
+    for arith in (BALL_F64, *(escalation_arith(p) for p in (128, 256, 512))):
         balls = _reference(target, ex, arith, initial_state=s0)
         with arith.context():
             vals = tuple(np.asarray(arith.to_float64(b), dtype=np.float64) for b in balls)

@@ -258,10 +258,22 @@ class Variant:
             raise ValueError(f"causal: got False; variant {self.name!r} is causal-only")
         return causal
 
-    def reference(self, q: Any, k: Any, v: Any, *, causal: bool = False, arith: Any = F64, **kwargs: Any) -> Any:
+    def reference(
+        self,
+        q: Any,
+        k: Any,
+        v: Any,
+        *,
+        causal: bool = False,
+        arith: Any = F64,
+        input_radii: Mapping[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> Any:
         """Evaluate the definition on float64 NumPy inputs in arithmetic ``arith``; returns that
-        arithmetic's array (an ndarray for F64 and MP, a Ball for the ball arithmetics)."""
-        return self._run(self.reference_fn, q, k, v, causal, arith, kwargs)
+        arithmetic's array (an ndarray for F64 and MP, a Ball for the ball arithmetics). ``input_radii``
+        (ball arithmetics only) widens inputs by name (q, k, v and the extras): the definition over every
+        input within those radii (``BallArith.widened``)."""
+        return self._run(self.reference_fn, q, k, v, causal, arith, kwargs, input_radii)
 
     def algorithms(self, q: Any, k: Any, v: Any, *, causal: bool = False, arith: Any = F64, **kwargs: Any) -> list[Any]:
         """The same output by each of the variant's other standard algorithms (``algorithms_fn``; equal to
@@ -306,7 +318,7 @@ class Variant:
             B, H, N, d = 1, 1, 3, 2
             q, k, v = (np.full((B, H, N, d), x) for x in (0.5, 0.25, 1.0))
             dims = {"B": B, "H": H, "N": N, "dk": d, "dv": d, "m": 4}
-            extras = draw_extras(self.inputs, dims, dtype="float64", seed=0)
+            extras: dict[str, Any] = draw_extras(self.inputs, dims, dtype="float64", seed=0)
             taken = []
             for order in ORDERS:
                 with evaluation_order(order) as used, np.errstate(all="ignore"):
@@ -317,9 +329,19 @@ class Variant:
         return _ORDERS_TAKEN[key]
 
     def _run(
-        self, fn: Callable[..., Any], q: Any, k: Any, v: Any, causal: bool, arith: Any, kwargs: Mapping[str, Any]
+        self,
+        fn: Callable[..., Any],
+        q: Any,
+        k: Any,
+        v: Any,
+        causal: bool,
+        arith: Any,
+        kwargs: Mapping[str, Any],
+        input_radii: Mapping[str, Any] | None = None,
     ) -> Any:
         params, extras, opts = self._call(q, k, v, causal, kwargs)
+        if input_radii and opts.get("cu_seqlens") is not None:
+            raise ValueError("input_radii: not supported with cu_seqlens (the radii are not split per sequence)")
         if opts.get("cu_seqlens") is not None:
             from ..packing import run_packed
 
@@ -329,7 +351,7 @@ class Variant:
             cat = lambda xs, axis: arith.concat(xs, axis=axis)  # noqa: E731
             return run_packed(one, q, k, v, opts, {**params, **extras}, concat=cat)
         state = {k: opts[k] for k in ("initial_state", "output_final_state") if k in opts}
-        return _evaluate(fn, arith, (q, k, v), params, extras, causal=causal, **state)
+        return _evaluate(fn, arith, (q, k, v), params, extras, radii=input_radii, causal=causal, **state)
 
     def enclosure(self, q: Any, k: Any, v: Any, *, causal: bool = False, **kwargs: Any) -> tuple[Any, Any] | None:
         """The output on float64 inputs as (value, bound), float64 arrays with |value - exact| <= bound
@@ -466,14 +488,21 @@ def _evaluate(
     arrays: tuple[Any, ...],
     params: dict[str, Any],
     extras: dict[str, Any],
+    *,
+    radii: Mapping[str, Any] | None = None,
     **kw: Any,
 ) -> Any:
-    """fn(arith, *arrays, **kw, **params, **extras) with every array lifted into ``arith`` from float64."""
+    """fn(arith, *arrays, **kw, **params, **extras) with every array lifted into ``arith`` from float64, the
+    inputs named in ``radii`` (q, k, v: the arrays in that order; extras by name) widened by them."""
     import numpy as np
 
     with arith.context():
-        lift = [arith.asarray(np.asarray(x, dtype=np.float64)) for x in arrays]
         lifted = {n: arith.asarray(np.asarray(x, dtype=np.float64)) for n, x in extras.items()}
+        names = "qkv"[: len(arrays)]
+        lifted.update({n: arith.asarray(np.asarray(x, dtype=np.float64)) for n, x in zip(names, arrays, strict=True)})
+        for n, rad in (radii or {}).items():
+            lifted[n] = arith.widened(lifted[n], rad)
+        lift = [lifted.pop(n) for n in names]
         if kw.get("initial_state") is not None:
             kw["initial_state"] = arith.asarray(np.asarray(kw["initial_state"], dtype=np.float64))
         return fn(arith, *lift, **kw, **params, **lifted)
