@@ -45,6 +45,7 @@ from .arith import RoundingModel
 from .decay_sums import decay_sum_share, log_decay_inputs
 from .findings import Finding
 from .precision import smallest_normal
+from .targets import replayed_calls
 
 _SHARED: ContextVar[bool] = ContextVar("gramcheck_algorithm_underflow", default=False)
 F = TypeVar("F", bound=Finding | None)
@@ -132,14 +133,18 @@ def judged(var: Any, judge: Callable[[], F]) -> F:
     """``judge()`` against the definition's bounds; where that fails and the variant has other standard
     algorithms or log-decay inputs, ``judge()`` once more with their shares in every rounding bound
     (``added_share``), recorded as ``details["algorithms_underflow"]`` and ``details["log_decay_sums"]``."""
-    first = judge()
-    if first is None or first.passed or not has_second_pass(var, True) or _SHARED.get():
-        return first
-    token = _SHARED.set(True)
-    try:
-        second = judge()
-    finally:
-        _SHARED.reset(token)
+    if _SHARED.get():
+        return judge()
+    with replayed_calls() as replay:  # the second judgment judges the first one's outputs
+        first = judge()
+        if first is None or first.passed or not has_second_pass(var, True):
+            return first
+        token = _SHARED.set(True)
+        try:
+            with replay():
+                second = judge()
+        finally:
+            _SHARED.reset(token)
     if second is not None:
         if has_algorithms(var, True):
             second.details["algorithms_underflow"] = True

@@ -180,7 +180,7 @@ def check(
 
     ``properties``: names from ``gramcheck.properties.names()`` (default: every property applicable to
     the variant, mode and dtype); ``domain``: a ``Domain`` or its fields as a dict (kinds, max_n, max_d,
-    max_b, max_h, examples, chunks, budget, gates, grad_max_n; sizes default to the profile's);
+    max_b, max_h, examples, chunks, budget, gates, grad_max_n, value_dims; sizes default to the profile's);
     ``profile``: 'ci' (fast, seeded by ``seed``) or 'thorough'; ``params``: the
     hyperparameters the target implements (passed to the reference); ``subnormals``: 'flush' where the
     target's arithmetic flushes results below the smallest normal to zero (FTZ/DAZ, -ftz builds, Triton's

@@ -28,7 +28,7 @@ from . import __version__
 from . import properties as _properties
 from . import variants as _variants
 from .arith import SUBNORMALS
-from .strategies import KINDS, PROFILES
+from .strategies import KINDS, PROFILES, VALUE_DIMS
 
 
 def _console() -> Any:
@@ -79,6 +79,7 @@ def _check_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "max_d": args.max_d,
         "examples": args.examples,
         "kinds": tuple(args.kind) if args.kind else None,
+        "value_dims": args.value_dims,
     }
     return {
         "causal": args.causal,
@@ -373,6 +374,10 @@ def _add_check_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kind", action="append", choices=KINDS, help="input kinds to draw (repeatable)")
     p.add_argument("--max-n", type=_positive, default=None, help="largest N (default: the profile's)")
     p.add_argument("--max-d", type=_positive, default=None, help="largest d (default: the profile's)")
+    p.add_argument(
+        "--value-dims", default="same", choices=VALUE_DIMS,
+        help="'any' draws d_v apart from d_k (rectangular heads); default d_v = d_k",
+    )  # fmt: skip
     p.add_argument("--examples", type=_positive, default=None, help="examples per property (default: profile's)")
     p.add_argument("--param", action="append", type=_param, help="hyperparameter KEY=VALUE (repeatable)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds one target call may take")

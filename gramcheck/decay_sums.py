@@ -1,8 +1,8 @@
 """The rounding of cumulative log-decays (proofs/fp-forward-error.md, "Cumulative log-decays").
 
 Every production form of a gated recurrence takes its decay weights as exp of differences of cumulative
-log-decays, exp(b^_t - b^_s) with b^_r = fl(b^_{r-1} + g_r) (fla's chunk_local_cumsum, Mamba2's SSD
-segsum, gramcheck.forms), where the definition multiplies the one-step decays exp(g_r). The computed sums
+log-decays, exp(b^_t - b^_s) with b^_r = fl(b^_{r-1} + g_r) (gramcheck.forms, fla's chunked kernels and naive
+references, Mamba2's SSD), where the definition multiplies the one-step decays exp(g_r). The computed sums
 are the exact cumulative sums of g'_r = b^_r - b^_{r-1}, and
 
     |g'_r - g_r| <= u / (1 - u) |b^_r| <= u / (1 - u) (1 + gamma_N) M_r,      M_r = sum_{j <= r} |g_j|,
@@ -14,6 +14,9 @@ b^_t - b^_s adds at most u |b^_t - b^_s| <= u sum_{s < r <= t} |g'_r| to the exp
 further u |g'_r| on each log-decay of the path. The sums are held in float64 (gramcheck.forms; a float64
 target has no wider format), so u = 2^-53 for every dtype. A kernel that holds them in float32 is not
 covered: it loses |b| 2^-24 and fails where the decays are strong then weak (tests/test_gated.py).
+
+Sums formed one after another are covered as a backward error; a parallel scan (a GPU's cumsum) can err up
+to about 2 log2 N times more and is not charged (a false alarm there, never a wrong pass; the proof says why).
 
 The share of a rounding bound is R(rho) - R(0): the radius of the definition evaluated in the same model with
 every log-decay input widened by rho, less the radius without (every term rho contributes, and nothing

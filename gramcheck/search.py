@@ -26,7 +26,7 @@ from .arith import subnormals
 from .findings import Finding
 from .locate import annotate
 from .properties import Property
-from .strategies import HEAD_SIZES, KINDS, attention_inputs, profile, sample
+from .strategies import HEAD_SIZES, KINDS, VALUE_DIMS, attention_inputs, profile, sample
 from .targets import Target
 from .validation import check_choice, check_names, check_positive_number
 
@@ -50,7 +50,9 @@ class Domain:
     N, never below min_d / min_n). ``gates`` fixes the regimes of the variant's extra inputs (the regimes
     their InputSpecs name, e.g. decays: 'extreme' reaches exp(-100) per token; the delta rule's write
     strengths: 'expansive' beta in (2, 3]); ``grad_max_n`` sets the sequence length of the gradient
-    properties (each has its own cap otherwise)."""
+    properties (each has its own cap otherwise). ``value_dims``: 'same' draws d_v = d_k; 'any' draws d_v on its
+    own in [1, max_d] (with the same weight on head sizes), for targets that take rectangular heads (GLA's
+    expand_v, Gated DeltaNet, Mamba2: a kernel that allocates its output or state like q fails there)."""
 
     kinds: tuple[str, ...] | None = None
     max_n: int | None = None
@@ -64,8 +66,10 @@ class Domain:
     budget: int | None = None
     gates: tuple[str, ...] | None = None
     grad_max_n: int | None = None
+    value_dims: str = "same"
 
     def __post_init__(self) -> None:
+        check_choice("domain.value_dims", self.value_dims, VALUE_DIMS)
         for name in ("max_n", "max_d", "max_b", "max_h", "min_n", "min_d", "budget", "grad_max_n"):
             value = getattr(self, name)
             if value is None and name in ("max_n", "max_d", "budget", "grad_max_n"):
@@ -138,6 +142,7 @@ class Domain:
             "budget": self.budget,
             "gates": list(self.gates) if self.gates else None,
             "grad_max_n": self.grad_max_n,
+            **({} if self.value_dims == "same" else {"value_dims": self.value_dims}),
         }
 
 
@@ -263,6 +268,7 @@ def _run_property(
         "budget": domain.budget,
         "gate_regimes": domain.gates,
         "head_sizes": HEAD_SIZES,
+        "value_dims": domain.value_dims,
     }
     strategy = attention_inputs(target.variant, dtype=target.dtype, kinds=kinds, **sizes)
     rows = prop.min_b if prop.min_b > domain.max_b else None  # recorded where the domain says fewer

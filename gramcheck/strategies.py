@@ -52,6 +52,7 @@ from .inputs import draw_extras
 from .precision import dtype_name, max_finite, round_to, unit_roundoff
 from .validation import check_choice, check_names
 
+VALUE_DIMS = ("same", "any")  # d_v = d_k, or drawn on its own (attention_inputs, search.Domain.value_dims)
 KINDS = (
     "gaussian",
     "spectrum",
@@ -166,6 +167,15 @@ def log_spaced(cond: float, r: int) -> np.ndarray:
 # strategies
 # --------------------------------------------------------------------------------------------------
 _SEEDS = st.integers(min_value=0, max_value=2**32 - 1)
+
+
+def _value_dim(draw: Any, kind: str, max_d: int, heads: Sequence[int]) -> int:
+    """d_v drawn on its own: 1, 2 or max_d for the degenerate kind, else in [1, max_d], at a head size half the
+    time."""
+    if kind == "degenerate":
+        return int(draw(st.sampled_from(sorted({1, min(2, max_d), max_d}))))
+    dv_int = st.integers(1, max_d)
+    return int(draw(st.one_of(dv_int, st.sampled_from(list(heads))) if heads else dv_int))
 
 
 @st.composite
@@ -287,12 +297,15 @@ def attention_inputs(
     budget: int | None = None,
     gate_regimes: Sequence[str] | None = None,
     head_sizes: Sequence[int] = (),
+    value_dims: str = "same",
 ) -> AttentionInputs:
     """Adversarial inputs for ``variant`` (a name, a Variant or None for plain q, k, v): one of
     ``kinds`` (default all) with sizes B <= max_b, H <= max_h, N <= max_n, d <= max_d, rounded to
     ``dtype``. N is drawn at the boundaries of ``chunks`` (c - 1, c, c + 1, 2c - 1, 2c, 2c + 1) half
     the time, d at the ``head_sizes`` within range half the time, and B * H * N * d is kept
-    within ``budget`` (d reduced first, then N, not below min_d / min_n). Extras: each of the variant's
+    within ``budget`` (d reduced first, then N, not below min_d / min_n). ``value_dims`` 'same': d_v = d;
+    'any': d_v drawn on its own in [1, max_d] as d is (at the head sizes half the time), within the budget
+    (shrinking toward 1). Extras: each of the variant's
     extra inputs drawn by its spec (``gate`` fixes the regime of the inputs that know it, ``gate_regimes``
     limits the choice; a random matrix has m = 2 d rows by default). Shrinks toward B = H = 1,
     N = d = 1 and the simplest parameters of the kind."""
@@ -329,7 +342,9 @@ def attention_inputs(
         N = max(N, 2)
     if kind == "low-rank":
         d = max(d, 2)
-    dv = d
+    dv = d if check_choice("value_dims", value_dims, VALUE_DIMS) == "same" else _value_dim(draw, kind, max_d, heads)
+    if budget is not None and B * H * N * dv > budget:
+        dv = max(1, min(dv, budget // (B * H * N)))
     q, k, v, meta = draw(_qkv(kind, B, H, N, d, dv, dt))
     extras: dict[str, np.ndarray] = {}
     dims = {"B": B, "H": H, "N": N, "dk": d, "dv": dv, "m": 2 * d if m is None else m}

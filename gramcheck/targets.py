@@ -19,6 +19,7 @@ swallowed.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib
 import pickle
 import re
@@ -26,7 +27,8 @@ import threading
 import warnings
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from contextvars import ContextVar
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -102,6 +104,7 @@ class Target:
     draw_seed: int = field(default=0, compare=False)  # seeds a target's own draws (``call_torch``)
     _own: tuple[Any, tuple[str, ...]] | None = field(default=None, init=False, repr=False, compare=False)
     _process: Any = field(default=None, init=False, repr=False, compare=False)
+    _twins: dict[str, Target] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.variant = _variants.get(self.variant)
@@ -332,11 +335,24 @@ class Target:
         self.isolation = "process"
         return self
 
+    def in_dtype(self, dtype: str) -> Target:
+        """This target called in ``dtype`` (the same function, variant, parameters and limits), made once and
+        closed with this one: the float32 computation of a target that casts to float32 inside, judged in
+        float32 (``properties.gradients.gradcheck``)."""
+        dtype = dtype_name(dtype)
+        if dtype == self.dtype:
+            return self
+        if dtype not in self._twins:
+            self._twins[dtype] = replace(self, dtype=dtype)
+        return self._twins[dtype]
+
     def close(self) -> None:
-        """Stop the worker process, if any."""
+        """Stop the worker process, if any (this target's and its other dtypes')."""
         proc, self._process = self._process, None
         if proc is not None:
             proc.stop()
+        for twin in self._twins.values():
+            twin.close()
 
     def _call_in_process(self, q: Any, k: Any, v: Any, causal: bool, extras: dict[str, Any]) -> Any:
         if self._process is None:
@@ -362,6 +378,12 @@ class Target:
 
     def __call__(self, q: Any, k: Any, v: Any, *, causal: bool, dtype: str | None = None, **extras: Any) -> np.ndarray:
         """Run on float64 arrays (representable in the dtype); returns float64 NumPy."""
+        key = lambda: _call_key(self, "call", causal, dtype, {"q": q, "k": k, "v": v, **extras})  # noqa: E731
+        return _play(key, lambda: self._numpy_call(q, k, v, causal=causal, dtype=dtype, **extras))
+
+    def _numpy_call(
+        self, q: Any, k: Any, v: Any, *, causal: bool, dtype: str | None = None, **extras: Any
+    ) -> np.ndarray:
         t = self.tensors({"q": q, "k": k, "v": v, **extras}, dtype=dtype)
         out = self.call_torch(t.pop("q"), t.pop("k"), t.pop("v"), causal=causal, **t)
         return out.detach().to("cpu").double().numpy()
@@ -380,10 +402,14 @@ class Target:
     ) -> Any:
         """Like ``__call__`` with the call options: the state S_0 (float64, rounded to the dtype, passed in
         the dtype), and packed offsets ``cu_seqlens`` (int64). Returns out, or (out, final_state)."""
-        torch = _torch()
         arrays = {"q": q, "k": k, "v": v, **extras}
         if initial_state is not None:
             arrays["initial_state"] = initial_state
+        key = lambda: _call_key(self, "run", causal, output_final_state, {**arrays, "cu_seqlens": cu_seqlens})  # noqa: E731
+        return _play(key, lambda: self._numpy_run(arrays, causal, output_final_state, cu_seqlens))
+
+    def _numpy_run(self, arrays: dict[str, Any], causal: bool, output_final_state: bool, cu_seqlens: Any) -> Any:
+        torch = _torch()
         t = self.tensors(arrays)
         opts: dict[str, Any] = {}
         if output_final_state:
@@ -398,6 +424,81 @@ class Target:
     def reference(self, q: Any, k: Any, v: Any, *, causal: bool, **extras: Any) -> np.ndarray:
         """The variant's float64 reference with this target's hyperparameters."""
         return np.asarray(self.variant.reference(q, k, v, causal=causal, **self.params, **extras))
+
+
+class _Tape:
+    """The results of a target's calls (``Target.__call__`` and ``run``), by call, for one judgment that is
+    made twice (``replayed_calls``): the first judgment records them, the second replays the same results,
+    so that both judge one output (a target that answers otherwise on a second call would be judged on
+    that one). Outside a judgment: every call runs."""
+
+    def __init__(self) -> None:
+        self.results: dict[bytes, list[Any]] = {}
+        self.replaying = False
+        self.used: dict[bytes, int] = {}
+
+    def play(self, key: bytes, call: Callable[[], Any]) -> Any:
+        if self.replaying:
+            done = self.used.get(key, 0)
+            kept = self.results.get(key, [])
+            if done < len(kept):
+                self.used[key] = done + 1
+                return _copied(kept[done])
+        res = call()
+        if not self.replaying:
+            self.results.setdefault(key, []).append(_copied(res))
+        return res
+
+
+_TAPE: ContextVar[_Tape | None] = ContextVar("gramcheck_target_tape", default=None)
+
+
+def _play(key: Callable[[], bytes], call: Callable[[], Any]) -> Any:
+    """``call()``, through the tape of a judgment made twice where one is open (``replayed_calls``)."""
+    tape = _TAPE.get()
+    return call() if tape is None else tape.play(key(), call)
+
+
+@contextlib.contextmanager
+def replayed_calls() -> Iterator[Callable[[], Any]]:
+    """Record the target calls made inside; the yielded function returns a context in which the same calls
+    (same target, inputs and options, in the same order per call) return the recorded results."""
+    if _TAPE.get() is not None:  # inside another judgment's tape: its record and replay cover these calls
+        yield contextlib.nullcontext
+        return
+    tape = _Tape()
+    token = _TAPE.set(tape)
+
+    @contextlib.contextmanager
+    def replay() -> Iterator[None]:
+        tape.replaying, tape.used = True, {}
+        try:
+            yield
+        finally:
+            tape.replaying = False
+
+    try:
+        yield replay
+    finally:
+        _TAPE.reset(token)
+
+
+def _copied(res: Any) -> Any:
+    return tuple(np.array(x, copy=True) for x in res) if isinstance(res, tuple) else np.array(res, copy=True)
+
+
+def _call_key(target: Target, kind: str, *options: Any) -> bytes:
+    """A digest of one call: the target, the entry point, the options and every array's dtype, shape and bytes."""
+    h = hashlib.sha256(f"{id(target)}:{kind}:{options[:-1]!r}".encode())
+    for name, x in sorted(options[-1].items()):
+        h.update(name.encode())
+        if x is None:
+            h.update(b"none")
+            continue
+        a = np.ascontiguousarray(np.asarray(x))
+        h.update(f"{a.dtype}:{a.shape}".encode())
+        h.update(a.tobytes())
+    return h.digest()
 
 
 def _own_draws(fn: Callable[..., Any], variant: Variant) -> tuple[str, ...]:

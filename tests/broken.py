@@ -436,3 +436,20 @@ def rwkv6_in_float32_with_dq_five_percent_off(q, k, v, *, causal, g, u):
     from correct_lowprec import rwkv6_in_float32
 
     return rwkv6_in_float32(q + 0.05 * (q - q.detach()), k, v, causal=causal, g=g, u=u)
+
+
+def linear_elu_output_shaped_like_q(q, k, v, *, causal):
+    """elu+1 linear attention that allocates its output like q, as a kernel written for square heads does
+    (``o = torch.empty_like(q)``): right wherever d_v = d_k, the wrong shape elsewhere."""
+    res = V.get("linear-elu").torch(q, k, v, causal=causal)
+    out = torch.zeros_like(q)
+    n = min(q.shape[-1], v.shape[-1])
+    out[..., :n] = res[..., :n]
+    return out
+
+
+def rwkv6_in_float32_with_dg_detached(q, k, v, *, causal, g, u):
+    """RWKV-6 computed in float32 whose backward drops dg (the decays detached: the forward is unchanged)."""
+    from correct_lowprec import rwkv6_in_float32
+
+    return rwkv6_in_float32(q, k, v, causal=causal, g=g.detach(), u=u)

@@ -116,8 +116,44 @@ def test_failure_names_entry_and_smallest_failing_length():
 
 @pytest.mark.parametrize(
     "kw,match",
-    [({"chunks": (0,)}, "^domain.chunks"), ({"gates": ("weak",)}, "^domain.gates"), ({"budget": 0}, "^domain.budget")],
+    [
+        ({"chunks": (0,)}, "^domain.chunks"),
+        ({"gates": ("weak",)}, "^domain.gates"),
+        ({"budget": 0}, "^domain.budget"),
+        ({"value_dims": "square"}, "^domain.value_dims"),
+    ],
 )
 def test_bad_domain_is_a_clear_error(kw, match):
     with pytest.raises(ValueError, match=match):
         Domain(**kw)
+
+
+def test_value_dims_any_draws_rectangular_heads_within_budget():
+    seen = []
+    t = builtin("gla")
+    run_property(_recorder(seen), t, causal=True, domain=Domain(examples=60, value_dims="any"), seed=0)
+    pairs = {(ex.q.shape[3], ex.v.shape[3]) for ex in seen}
+    assert any(dk != dv for dk, dv in pairs), sorted(pairs)
+    assert any(dk < dv for dk, dv in pairs) and any(dk > dv for dk, dv in pairs), sorted(pairs)
+    assert all(math.prod(ex.v.shape) <= 2**14 for ex in seen)
+    same = []
+    run_property(_recorder(same), t, causal=True, domain=Domain(examples=20), seed=0)
+    assert all(ex.q.shape[3] == ex.v.shape[3] for ex in same)
+
+
+def test_value_dims_is_recorded_only_where_it_is_not_the_default():
+    assert "value_dims" not in Domain().to_dict()  # certificates of square heads keep their bytes
+    assert Domain(value_dims="any").to_dict()["value_dims"] == "any"
+
+
+def test_an_output_allocated_like_q_fails_only_where_d_v_is_drawn_apart():
+    from broken import linear_elu_output_shaped_like_q
+
+    dom = {"max_n": 16, "max_d": 8, "examples": 30}
+    square = check(linear_elu_output_shaped_like_q, "linear-elu", properties=["agreement"], domain=dom)
+    assert square.passed, square.summary()
+    rect = check(
+        linear_elu_output_shaped_like_q, "linear-elu", properties=["agreement"], domain={**dom, "value_dims": "any"}
+    )
+    assert not rect.passed, rect.summary()
+    assert check("builtin:linear-elu", properties=["agreement"], domain={**dom, "value_dims": "any"}).passed

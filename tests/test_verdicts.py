@@ -122,8 +122,9 @@ def test_float32_internal_targets_pass_gradient_checks_and_say_so(fn, name):
 @pytest.mark.parametrize("seed", [0, 1])
 def test_a_float32_internal_target_with_large_outputs_passes_gradcheck(seed):
     """RWKV-6's bonus u draws values up to ~200, so outputs reach ~400 and float32 rounding moves central
-    differences of step 1e-3 by ~0.03, beyond a fixed atol of 5e-3: the tolerance follows the function's
-    own rounding (``gradients.gradcheck_tolerances``), and a dq 5% off still fails."""
+    differences of step 1e-3 by ~0.03, beyond a fixed atol of 5e-3 (a false alarm). The float32 computation's
+    gradients are judged by backward-agreement's float32 rule instead (``gradients.float32_gradients``), and a
+    dq 5% off still fails."""
     from broken import rwkv6_in_float32_with_dq_five_percent_off
     from correct_lowprec import rwkv6_in_float32
 
@@ -137,13 +138,28 @@ def test_a_float32_internal_target_with_large_outputs_passes_gradcheck(seed):
     assert not bad.passed, bad.summary()
 
 
-def test_gradcheck_tolerance_follows_the_rounding_noise():
-    from gramcheck.properties.gradients import GRADCHECK_TOLERANCES, gradcheck_tolerances
+def test_a_float32_internal_target_without_dg_fails_gradcheck_where_outputs_are_large():
+    """The bonus at mixed scales (up to ~1e3) makes every output row's float32 noise larger than dg itself, so
+    central differences cannot see a dropped dg; backward-agreement's float32 rule does."""
+    from broken import rwkv6_in_float32_with_dg_detached
+
+    r = check(
+        rwkv6_in_float32_with_dg_detached, "rwkv6", causal=True, dtype="float64", seed=0, properties=["gradcheck"],
+        domain={"gates": ["mixed"]},
+    )
+    assert not r.passed, r.summary()
+
+
+def test_each_jacobian_row_is_held_to_its_own_outputs_rounding_noise():
+    """Central differences (the fallback where backward-agreement's rule does not apply): output i is divided by
+    w_i = max(1, 2 E_i / (eps atol)), which holds row i to max(atol, 2 E_i / eps); one large output loosens its own
+    row only, and an entry without a finite noise bound keeps the fixed tolerance."""
+    from gramcheck.properties.gradients import GRADCHECK_TOLERANCES, difference_weights
 
     base = GRADCHECK_TOLERANCES["float32"]
-    assert gradcheck_tolerances(0.0, "float32") == base
-    assert gradcheck_tolerances(math.inf, "float32") == base  # an unbounded noise proves nothing: no loosening
-    assert gradcheck_tolerances(1e-3, "float32")["atol"] == 2e-3 / base["eps"]
+    w = difference_weights(np.array([0.0, 1e-9, 1e-3, np.inf]), "float32")
+    assert w[0] == 1.0 and w[1] == 1.0 and w[3] == 1.0
+    assert w[2] == pytest.approx(2e-3 / (base["eps"] * base["atol"]))
 
 
 # --- issue-13 verdicts ---------------------------------------------------------------------------------
