@@ -19,6 +19,7 @@ swallowed.
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import importlib
 import pickle
@@ -28,7 +29,7 @@ import warnings
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -104,7 +105,6 @@ class Target:
     draw_seed: int = field(default=0, compare=False)  # seeds a target's own draws (``call_torch``)
     _own: tuple[Any, tuple[str, ...]] | None = field(default=None, init=False, repr=False, compare=False)
     _process: Any = field(default=None, init=False, repr=False, compare=False)
-    _twins: dict[str, Target] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.variant = _variants.get(self.variant)
@@ -335,24 +335,11 @@ class Target:
         self.isolation = "process"
         return self
 
-    def in_dtype(self, dtype: str) -> Target:
-        """This target called in ``dtype`` (the same function, variant, parameters and limits), made once and
-        closed with this one: the float32 computation of a target that casts to float32 inside, judged in
-        float32 (``properties.gradients.gradcheck``)."""
-        dtype = dtype_name(dtype)
-        if dtype == self.dtype:
-            return self
-        if dtype not in self._twins:
-            self._twins[dtype] = replace(self, dtype=dtype)
-        return self._twins[dtype]
-
     def close(self) -> None:
-        """Stop the worker process, if any (this target's and its other dtypes')."""
+        """Stop the worker process, if any."""
         proc, self._process = self._process, None
         if proc is not None:
             proc.stop()
-        for twin in self._twins.values():
-            twin.close()
 
     def _call_in_process(self, q: Any, k: Any, v: Any, causal: bool, extras: dict[str, Any]) -> Any:
         if self._process is None:
@@ -483,8 +470,17 @@ def replayed_calls() -> Iterator[Callable[[], Any]]:
         _TAPE.reset(token)
 
 
+def taped(
+    target: Target, kind: str, options: tuple[Any, ...], arrays: Mapping[str, Any], call: Callable[[], Any]
+) -> Any:
+    """``call()``, a computation through ``target`` whose NumPy result (arrays, or tuples, lists and dicts of them)
+    depends only on ``options`` and ``arrays``: recorded and replayed like the target's own calls in a judgment
+    made twice (``replayed_calls``), e.g. the gradients of its backward."""
+    return _play(lambda: _call_key(target, kind, *options, dict(arrays)), call)
+
+
 def _copied(res: Any) -> Any:
-    return tuple(np.array(x, copy=True) for x in res) if isinstance(res, tuple) else np.array(res, copy=True)
+    return copy.deepcopy(res)
 
 
 def _call_key(target: Target, kind: str, *options: Any) -> bytes:

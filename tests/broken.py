@@ -453,3 +453,28 @@ def rwkv6_in_float32_with_dg_detached(q, k, v, *, causal, g, u):
     from correct_lowprec import rwkv6_in_float32
 
     return rwkv6_in_float32(q, k, v, causal=causal, g=g.detach(), u=u)
+
+
+def linear_elu_float32_inside_with_float64_path_dq_halved(q, k, v, *, causal):
+    """elu+1 linear attention computed in float32 inside; called in float64 (and only then) its backward halves
+    dq (the float64 entry point's own wrapper is wrong, the float32 one right)."""
+    from correct_lowprec import linear_elu_in_float32
+
+    if q.dtype == torch.float64:
+        q = q - 0.5 * (q - q.detach())
+    return linear_elu_in_float32(q, k, v, causal=causal)
+
+
+def gla_first_packed_backward_wrong():
+    """A GLA whose first packed backward doubles dq (a lazily initialised buffer), right from then on."""
+    calls = []
+
+    def fn(q, k, v, *, causal, g, initial_state=None, output_final_state=False, cu_seqlens=None):
+        if cu_seqlens is not None and q.requires_grad:
+            calls.append(1)
+            if len(calls) == 1:
+                q = q + (q - q.detach())
+        kw = {"initial_state": initial_state, "output_final_state": output_final_state, "cu_seqlens": cu_seqlens}
+        return V.get("gla").torch(q, k, v, causal=causal, g=g, **{n: x for n, x in kw.items() if x is not None})
+
+    return fn

@@ -98,3 +98,12 @@ def rwkv6_in_float32(q, k, v, *, causal, g, u, initial_state=None, output_final_
         output_final_state=output_final_state,
     )
     return (r[0].to(dt), r[1].to(dt)) if isinstance(r, tuple) else r.to(dt)
+
+
+def linear_elu_in_float32_float64_only(q, k, v, *, causal):
+    """elu+1 linear attention computed in float32 inside, whose entry point takes float64 tensors only."""
+    import torch
+
+    if q.dtype != torch.float64:
+        raise NotImplementedError("float64 inputs only")
+    return linear_elu_in_float32(q, k, v, causal=causal)

@@ -226,7 +226,7 @@ def test_a_stabiliser_that_does_not_cancel_is_judged_in_either_gradient_conventi
     names = differentiable(t, ex)
     w = np.ones(v.shape)
     held = definition_gradients(t, arrays, names, w, None, causal=True, dtype="float64")
-    f = _judge_gradients(t, ex, arrays, names, w, None, held, causal=True)
+    f = _judge_gradients(t, ex, arrays, names, w, None, held, causal=True, dtype=t.dtype)
     assert f is not None and not f.passed, f
 
 

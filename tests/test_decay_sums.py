@@ -119,3 +119,13 @@ def test_the_second_judgment_judges_the_first_ones_outputs(prop):
     r = check(_right_on_a_second_call("rwkv6"), "rwkv6", causal=True, seed=0, domain=dom, properties=[prop])
     assert not r.passed and r.findings[0].measured > 10, r.summary()
     assert check("builtin:rwkv6", causal=True, seed=0, domain=dom, properties=[prop]).passed
+
+
+def test_the_second_judgment_replays_the_targets_gradients_too():
+    """packing's gradients go through the target's backward: taped like its calls, so a first packed backward that
+    is wrong fails although the target is right when asked again."""
+    from broken import gla_first_packed_backward_wrong
+
+    dom = {"max_n": 16, "max_d": 4, "examples": 10}
+    r = check(gla_first_packed_backward_wrong(), "gla", causal=True, seed=0, domain=dom, properties=["packing"])
+    assert not r.passed, r.summary()

@@ -150,6 +150,20 @@ def test_a_float32_internal_target_without_dg_fails_gradcheck_where_outputs_are_
     assert not r.passed, r.summary()
 
 
+def test_the_float64_call_of_a_float32_internal_target_is_the_one_judged():
+    """The gradients judged are those of the call that is certified (float64): a backward wrong on that entry
+    point only fails, and a target that takes float64 tensors only passes."""
+    from broken import linear_elu_float32_inside_with_float64_path_dq_halved
+    from correct_lowprec import linear_elu_in_float32_float64_only
+
+    dom = {"max_n": 8, "max_d": 4, "examples": 6}
+    bad = check(linear_elu_float32_inside_with_float64_path_dq_halved, "linear-elu", dtype="float64", domain=dom,
+                properties=["gradcheck"])
+    assert not bad.passed, bad.summary()
+    ok = check(linear_elu_in_float32_float64_only, "linear-elu", dtype="float64", domain=dom, properties=["gradcheck"])
+    assert ok.passed and ok["gradcheck"].details["computes_in"] == "float32", ok.summary()
+
+
 def test_each_jacobian_row_is_held_to_its_own_outputs_rounding_noise():
     """Central differences (the fallback where backward-agreement's rule does not apply): output i is divided by
     w_i = max(1, 2 E_i / (eps atol)), which holds row i to max(atol, 2 E_i / eps); one large output loosens its own

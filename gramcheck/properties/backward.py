@@ -32,7 +32,7 @@ from ..findings import Finding
 from ..gradient_terms import TermArith
 from ..precision import gamma, gamma_tilde, overflow_threshold, round_to, smallest_subnormal, unit_roundoff
 from ..strategies import AttentionInputs
-from ..targets import Target
+from ..targets import Target, taped
 from .base import guarded
 from .invariants import _rng, _undefined
 from .state import NormPart, frobenius, initial_state_of, parts_finding
@@ -138,17 +138,26 @@ def target_gradients(
     missing: list[str] | None = None,
 ) -> dict[str, np.ndarray]:
     """Gradients of the same L through the target, in its dtype (its own backward); the inputs no
-    gradient reaches (autograd gives None: zeros here) are appended to ``missing`` when given."""
-    torch = _torch()
-    t = target.tensors(arrays)
-    for n in names:
-        t[n] = t[n].detach().requires_grad_(True)
-    leaves = {n: t[n] for n in names}
-    opts = {"output_final_state": True} if "initial_state" in t else {}
-    with torch.enable_grad():
-        res = target.call_torch(t.pop("q"), t.pop("k"), t.pop("v"), causal=causal, **t, **opts)
-        loss = _loss(res, torch.as_tensor(w), None if ws is None else torch.as_tensor(ws))
-        return _grads(loss, leaves, target, missing)
+    gradient reaches (autograd gives None: zeros here) are appended to ``missing`` when given. Replayed in a
+    judgment made twice (``targets.taped``)."""
+
+    def run() -> tuple[dict[str, np.ndarray], list[str]]:
+        torch = _torch()
+        t = target.tensors(arrays)
+        for n in names:
+            t[n] = t[n].detach().requires_grad_(True)
+        leaves = {n: t[n] for n in names}
+        opts = {"output_final_state": True} if "initial_state" in t else {}
+        cut: list[str] = []
+        with torch.enable_grad():
+            res = target.call_torch(t.pop("q"), t.pop("k"), t.pop("v"), causal=causal, **t, **opts)
+            loss = _loss(res, torch.as_tensor(w), None if ws is None else torch.as_tensor(ws))
+            return _grads(loss, leaves, target, cut), cut
+
+    grads, cut = taped(target, "gradients", (causal, tuple(names)), {**arrays, "w": w, "ws": ws}, run)
+    if missing is not None:
+        missing.extend(cut)
+    return grads
 
 
 def _is_log_decay(target: Target, name: str) -> bool:
@@ -222,16 +231,24 @@ def backward_agreement(target: Target, ex: AttentionInputs, *, causal: bool) -> 
     docstring)."""
     if target.dtype == "float64":
         return Finding.skip("backward-agreement", "float64 target: gradcheck judges its gradients")
+    return judge_backward(target, ex, causal=causal, dtype=target.dtype)
+
+
+def judge_backward(target: Target, ex: AttentionInputs, *, causal: bool, dtype: str) -> Finding | None:
+    """``backward_agreement``'s judgment with the rule of ``dtype``: the target called in its own dtype on ``ex``
+    (representable in ``dtype``), its gradients held to the rule in ``dtype`` (the yardstick: the definition's
+    gradients in ``dtype``; the floor: ``dtype``'s unit roundoff). ``dtype`` is the target's own for this
+    property, float32 for a float64 target that computes in float32 inside (``gradients.float32_gradients``)."""
     if _undefined(target, ex, causal):
         return None
     arrays: dict[str, np.ndarray] = {"q": ex.q, "k": ex.k, "v": ex.v, **ex.extras}
     rng = _rng(ex, "backward")
-    w = round_to(rng.standard_normal(ex.v.shape), target.dtype)
+    w = round_to(rng.standard_normal(ex.v.shape), dtype)
     ws = None
     stateful = causal and "state-passing" in target.variant.tags(target.params) and target.passes_state
     if stateful and not target.params.get("group_norm"):
         arrays["initial_state"] = initial_state_of(target, ex, "backward-state")
-        ws = round_to(rng.standard_normal(arrays["initial_state"].shape), target.dtype)
+        ws = round_to(rng.standard_normal(arrays["initial_state"].shape), dtype)
     names = differentiable(target, ex) + (["initial_state"] if ws is not None else [])
     ref = definition_gradients(target, arrays, names, w, ws, causal=causal, dtype="float64")
     if not all(np.all(np.isfinite(g)) for g in ref.values()):
@@ -241,7 +258,9 @@ def backward_agreement(target: Target, ex: AttentionInputs, *, causal: bool) -> 
     refs = {"shift held": ref}
     if any(not np.allclose(carried[n], ref[n], rtol=1e-12, atol=0.0) for n in names):
         refs["shift carried"] = carried
-    findings = {c: _judge_gradients(target, ex, arrays, names, w, ws, r, causal=causal) for c, r in refs.items()}
+    findings = {
+        c: _judge_gradients(target, ex, arrays, names, w, ws, r, causal=causal, dtype=dtype) for c, r in refs.items()
+    }
     judged = {c: f for c, f in findings.items() if f is not None}
     if not judged:
         return None
@@ -262,10 +281,11 @@ def _judge_gradients(
     ref: dict[str, np.ndarray],
     *,
     causal: bool,
+    dtype: str,
 ) -> Finding | None:
-    """``backward_agreement``'s judgment against the reference gradients ``ref``."""
+    """``judge_backward``'s judgment against the reference gradients ``ref``, by the rule of ``dtype``."""
     naive = [
-        definition_gradients(target, arrays, names, w, ws, causal=causal, dtype=target.dtype, fn=fn)
+        definition_gradients(target, arrays, names, w, ws, causal=causal, dtype=dtype, fn=fn)
         for fn in (None, *target.variant.algorithms_for(causal))
     ]
     terms = gradient_terms(target, arrays, names, w, ws, causal=causal)
@@ -273,10 +293,10 @@ def _judge_gradients(
     got = target_gradients(target, arrays, names, w, ws, causal=causal, missing=missing)
     contracting = "contracting-transitions" in target.variant.tags(target.params)
     length = accumulation_length(ex)
-    floor_rel = BACKWARD_FLOOR_ULPS * unit_roundoff(target.dtype) + gamma_tilde(length, ACCUMULATOR)
+    floor_rel = BACKWARD_FLOOR_ULPS * unit_roundoff(dtype) + gamma_tilde(length, ACCUMULATOR)
     # gradual underflow: each of the n roundings on a path may underflow in the accumulator, and the stored
     # gradient in the dtype, each by its smallest subnormal (a float32 dS_0 of 4e-42 off by one subnormal)
-    underflow = length * smallest_subnormal(ACCUMULATOR) + smallest_subnormal(target.dtype)
+    underflow = length * smallest_subnormal(ACCUMULATOR) + smallest_subnormal(dtype)
     parts: dict[str, Any] = {}
     no_yardstick: dict[str, int] = {}
 
@@ -287,7 +307,7 @@ def _judge_gradients(
         unjudged): there a non-finite gradient is that NaN's autograd, not the backward's failure."""
         kw = {**target.params, **ex.extras}
         out = np.asarray(target(ex.q, ex.k, ex.v, causal=causal, **ex.extras), dtype=np.float64)
-        mine = naive_definition(target.variant, ex.q, ex.k, ex.v, causal=causal, dtype=target.dtype, **kw)
+        mine = naive_definition(target.variant, ex.q, ex.k, ex.v, causal=causal, dtype=dtype, **kw)
         exact = target.reference(ex.q, ex.k, ex.v, causal=causal, **ex.extras)
         both = ~np.isfinite(out) & ~np.isfinite(mine) & np.isfinite(exact)
         return np.any(both, axis=(-2, -1))
@@ -307,7 +327,7 @@ def _judge_gradients(
         # an exact gradient past the dtype's range is returned as inf by every correct backward: measured by its
         # distance to the nearest value that rounds to it (``agreement.output_distance``), and left out of the
         # yardstick, whose own inf there says nothing of rounding (gla's dg of 2.8e5 in float16)
-        past = np.abs(ref[n]) >= overflow_threshold(target.dtype)
+        past = np.abs(ref[n]) >= overflow_threshold(dtype)
         # an entry no standard algorithm computes in the dtype (the definition's intermediates overflow, or its
         # features underflow to 0/0) gives no yardstick: each algorithm's yardstick is taken over the entries it
         # computes (one NaN made the whole tensor's yardstick infinite, and any finite error passed), and such
@@ -328,7 +348,7 @@ def _judge_gradients(
             scale = np.maximum(scale, log_decay_terms(arrays, ref, n))
         floor = floor_rel * scale + underflow
         naive_err[f"d{n}"], scales[f"d{n}"] = e_n, float(np.max(scale))
-        err = np.where(np.isnan(got[n]), np.inf, output_distance(got[n], ref[n], target.dtype))
+        err = np.where(np.isnan(got[n]), np.inf, output_distance(got[n], ref[n], dtype))
         if blind.any():
             err = np.where(blind & excused(n), 0.0, err)
         if float(np.max(floor)) < own_size:

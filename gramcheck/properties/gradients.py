@@ -153,24 +153,25 @@ def gradcheck(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding |
 
 
 def float32_gradients(target: Target, ex: AttentionInputs, causal: bool, info: dict[str, Any]) -> Finding | None:
-    """gradcheck's judgment of a target that computes in float32 inside: its float32 computation (the target
-    called in float32 on the example rounded to float32) held to backward-agreement's rule in float32, against
-    the definition's float64 gradients with the definition's own float32 gradients as the yardstick
-    (proofs/backward-agreement.md). Central differences of a float32 computation resolve a Jacobian entry only
-    to about u_32 |f| / eps: a bonus of 1000 (RWKV-6) makes every output row's noise larger than dg itself."""
+    """gradcheck's judgment of a float64 target that computes in float32 inside: the target called in float64 (the
+    call that is certified) on the example rounded to float32, its gradients held to backward-agreement's rule in
+    float32, against the definition's float64 gradients with the definition's own float32 gradients as the
+    yardstick (proofs/backward-agreement.md). Central differences of a float32 computation resolve a Jacobian
+    entry only to about u_32 |f| / eps: a bonus of 1000 (RWKV-6) makes every output row's noise larger than dg."""
     from ..precision import round_to
-    from .backward import backward_agreement
+    from .backward import judge_backward
 
     rounded = {n: round_to(np.asarray(x, dtype=np.float64), "float32") for n, x in ex.extras.items()}
     ex32 = replace(
         ex, q=round_to(ex.q, "float32"), k=round_to(ex.k, "float32"), v=round_to(ex.v, "float32"),
         extras=rounded, dtype="float32",
     )  # fmt: skip
-    f = backward_agreement(target.in_dtype("float32"), ex32, causal=causal)
+    f = judge_backward(target, ex32, causal=causal, dtype="float32")
     if f is None:
         return None
-    note = "computes in float32 internally: its float32 gradients judged by backward-agreement's float32 rule"
-    return replace(f, name="gradcheck", details={**f.details, **info, "note": note})
+    note = "computes in float32 internally: its gradients judged by backward-agreement's float32 rule"
+    own = f.details.get("note")
+    return replace(f, name="gradcheck", details={**f.details, **info, "note": note + (f"; {own}" if own else "")})
 
 
 def _free_extras(target: Target, ex: AttentionInputs, margin: float) -> list[str]:

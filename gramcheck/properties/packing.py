@@ -20,7 +20,7 @@ from ..findings import Finding
 from ..forms import CHUNK_SIZES
 from ..precision import overflow_threshold, round_to
 from ..strategies import AttentionInputs
-from ..targets import Target
+from ..targets import Target, taped
 from .backward import definition_gradients, differentiable, smooth_definition, target_gradients
 from .base import bound_of, guarded
 from .invariants import _rng, _undefined, replacement
@@ -195,21 +195,28 @@ def _packed_gradients(
     *,
     causal: bool,
 ) -> dict[str, np.ndarray]:
-    import torch
+    """Gradients of <W, o> through the target on the packed row (replayed in a judgment made twice:
+    ``targets.taped``)."""
 
-    t = target.tensors(arrays)
-    leaves = {n: t[n].detach().requires_grad_(True) for n in names}
-    t.update(leaves)
-    opts: dict[str, Any] = {"cu_seqlens": torch.as_tensor(cu)}
-    if s0s is not None:
-        opts["initial_state"] = target.tensors({"s": np.concatenate(s0s, axis=0)})["s"]
-    with torch.enable_grad():
-        o = target.call_torch(t.pop("q"), t.pop("k"), t.pop("v"), causal=causal, **t, **opts)
-        gs = target.gradients((o * torch.as_tensor(w).to(o.dtype)).sum(), list(leaves.values()))
-    return {
-        n: (np.zeros(arrays[n].shape) if g is None else g.detach().double().numpy())
-        for n, g in zip(names, gs, strict=True)
-    }
+    def run() -> dict[str, np.ndarray]:
+        import torch
+
+        t = target.tensors(arrays)
+        leaves = {n: t[n].detach().requires_grad_(True) for n in names}
+        t.update(leaves)
+        opts: dict[str, Any] = {"cu_seqlens": torch.as_tensor(cu)}
+        if s0s is not None:
+            opts["initial_state"] = target.tensors({"s": np.concatenate(s0s, axis=0)})["s"]
+        with torch.enable_grad():
+            o = target.call_torch(t.pop("q"), t.pop("k"), t.pop("v"), causal=causal, **t, **opts)
+            gs = target.gradients((o * torch.as_tensor(w).to(o.dtype)).sum(), list(leaves.values()))
+        return {
+            n: (np.zeros(arrays[n].shape) if g is None else g.detach().double().numpy())
+            for n, g in zip(names, gs, strict=True)
+        }
+
+    s0 = None if s0s is None else np.concatenate(s0s, axis=0)
+    return taped(target, "packed-gradients", (causal, tuple(names)), {**arrays, "w": w, "cu": cu, "s0": s0}, run)
 
 
 @guarded("packing-isolation")
