@@ -29,6 +29,7 @@ from . import properties as _properties
 from . import variants as _variants
 from .arith import SUBNORMALS
 from .strategies import KINDS, PROFILES, VALUE_DIMS
+from .validation import check_positive_number
 
 
 def _console() -> Any:
@@ -61,15 +62,12 @@ def _positive(text: str) -> int:
 
 
 def _gib(text: str) -> float:
-    """A positive finite number of GiB (``--memory-budget``)."""
-    import math
-
+    """A positive finite number of GiB (``--memory-budget``; ``validation.check_positive_number``)."""
     try:
-        x = float(text)
+        x = check_positive_number("--memory-budget", float(text), unit="GiB", default="4")
     except ValueError:
-        raise argparse.ArgumentTypeError(f"got {text!r}; expected a positive number of GiB") from None
-    if not math.isfinite(x) or x <= 0:
-        raise argparse.ArgumentTypeError(f"got {text!r}; expected a positive finite number of GiB")
+        raise argparse.ArgumentTypeError(f"got {text!r}; expected a positive finite number of GiB") from None
+    assert x is not None
     return x
 
 
