@@ -369,27 +369,53 @@ def cmd_check(args: argparse.Namespace) -> None:
         print(f"| {label} | {cpu:.2f} s | {wall:.2f} s |")
 
 
+def _check_cpu(root: Path, name: str, causal: bool, limit: float) -> tuple[float, float, str]:
+    """(CPU s, wall s, verdict line) of ``gramcheck check builtin:NAME [--causal]`` run from the checkout
+    ``root`` in its own process."""
+    env = dict(os.environ, PYTHONPATH=str(root), GRAMCHECK_THREADS="1")
+    cmd = [sys.executable, "-m", "gramcheck", "check", f"builtin:{name}", *(["--causal"] if causal else [])]
+    w0 = time.perf_counter()
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    try:
+        out = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True, check=False, timeout=limit).stdout
+        verdicts = out.strip().splitlines()[-1] if out.strip() else "no output"
+    except subprocess.TimeoutExpired:
+        verdicts = f"stopped after {limit} s"
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime), time.perf_counter() - w0, verdicts
+
+
 def cmd_variants(args: argparse.Namespace) -> None:
-    """The ci check of every builtin variant (causal where it has a causal mode), one process each."""
+    """The ci check of every builtin variant (causal where it has a causal mode), one process each; with
+    ``--against CHECKOUT``, the same check from that checkout too, the two alternating in order round by round,
+    the median CPU of ``--rounds`` each and their ratio."""
     from gramcheck import variants as V
 
-    env = dict(os.environ, PYTHONPATH=str(ROOT), GRAMCHECK_THREADS="1")
     print("\n### `gramcheck check builtin:NAME [--causal]` (ci profile), one process per variant\n")
-    print("| variant | mode | CPU | wall | verdicts |\n| --- | --- | --- | --- | --- |")
+    if args.against is None:
+        print("| variant | mode | CPU | wall | verdicts |\n| --- | --- | --- | --- | --- |")
+    else:
+        print(f"| variant | mode | CPU | CPU at {args.against} | ratio | verdicts | verdicts there |")
+        print("| --- | --- | --- | --- | --- | --- | --- |")
     for name in args.variants or V.names():
         causal = "causal" in V.get(name).tags()
-        cmd = [sys.executable, "-m", "gramcheck", "check", f"builtin:{name}", *(["--causal"] if causal else [])]
-        w0 = time.perf_counter()
-        r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        try:
-            out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False, timeout=args.limit).stdout
-            verdicts = out.strip().splitlines()[-1] if out.strip() else "no output"
-        except subprocess.TimeoutExpired:
-            verdicts = f"stopped after {args.limit} s"
-        r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        cpu = (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime)
         mode = "causal" if causal else "non-causal"
-        print(f"| {name} | {mode} | {cpu:.1f} s | {time.perf_counter() - w0:.1f} s | {verdicts} |", flush=True)
+        if args.against is None:
+            cpu, wall, verdicts = _check_cpu(ROOT, name, causal, args.limit)
+            print(f"| {name} | {mode} | {cpu:.1f} s | {wall:.1f} s | {verdicts} |", flush=True)
+            continue
+        runs: dict[Path, list[float]] = {ROOT: [], Path(args.against): []}
+        said: dict[Path, str] = {}
+        for r in range(args.rounds):
+            for root in list(runs) if r % 2 == 0 else list(runs)[::-1]:
+                cpu, _, said[root] = _check_cpu(root, name, causal, args.limit)
+                runs[root].append(cpu)
+        here, there = (statistics.median(v) for v in runs.values())
+        print(
+            f"| {name} | {mode} | {here:.1f} s | {there:.1f} s | {here / there:.2f} | {said[ROOT]} | "
+            f"{said[Path(args.against)]} |",
+            flush=True,
+        )
 
 
 # where a check spends its CPU: the cumulative time of these functions (over all their calls) in a profile
@@ -471,6 +497,7 @@ def main() -> None:
     ap.add_argument("--variants", nargs="+", help="variants: the builtin variants to check (default: all)")
     ap.add_argument("--groups", nargs="+", choices=list(GROUPS), help="forms, memory: these groups only")
     ap.add_argument("--limit", type=float, default=600.0, help="variants: seconds per check before it is stopped")
+    ap.add_argument("--against", default=None, help="variants: another checkout to time the same checks from")
     args = ap.parse_args()
     print(environment())
     commands = {"forms": cmd_forms, "memory": cmd_memory, "oracle": cmd_oracle, "check": cmd_check,

@@ -392,7 +392,8 @@ class Target:
         arrays = {"q": q, "k": k, "v": v, **extras}
         if initial_state is not None:
             arrays["initial_state"] = initial_state
-        key = lambda: _call_key(self, "run", causal, output_final_state, {**arrays, "cu_seqlens": cu_seqlens})  # noqa: E731
+        keyed = {**{f"input {n}": x for n, x in arrays.items()}, "cu_seqlens": cu_seqlens}
+        key = lambda: _call_key(self, "run", causal, output_final_state, keyed)  # noqa: E731
         return _play(key, lambda: self._numpy_run(arrays, causal, output_final_state, cu_seqlens))
 
     def _numpy_run(self, arrays: dict[str, Any], causal: bool, output_final_state: bool, cu_seqlens: Any) -> Any:

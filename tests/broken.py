@@ -478,3 +478,16 @@ def gla_first_packed_backward_wrong():
         return V.get("gla").torch(q, k, v, causal=causal, g=g, **{n: x for n, x in kw.items() if x is not None})
 
     return fn
+
+
+def softmax_in_float32_with_dq_garbage_on_duplicate_keys(q, k, v, *, causal):
+    """softmax computed in float32 whose dq gains 10 rowsum(W) where every key coincides to within 1e-4 (the
+    forward is unchanged). There dq cancels to ~1e-9 against terms of ~5: a gradient no float32 rule resolves,
+    and an error 30 times its terms' size."""
+    from correct_lowprec import softmax_in_float32
+
+    out = softmax_in_float32(q, k, v, causal=causal)
+    spread = float((k - k[..., :1, :]).abs().amax() / k.abs().amax().clamp_min(1e-300))
+    if spread < 1e-4 and q.shape[2] > 1:
+        out = out + 10.0 * (q - q.detach()).sum(-1, keepdim=True)
+    return out

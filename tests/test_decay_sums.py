@@ -129,3 +129,23 @@ def test_the_second_judgment_replays_the_targets_gradients_too():
     dom = {"max_n": 16, "max_d": 4, "examples": 10}
     r = check(gla_first_packed_backward_wrong(), "gla", causal=True, seed=0, domain=dom, properties=["packing"])
     assert not r.passed, r.summary()
+
+
+def test_the_tape_keys_a_gradient_by_every_input_apart_from_the_loss_weights():
+    """An extra input named like a loss weight (fla calls RWKV's decay ``w``) gives another key: the replay never
+    returns another input's gradients."""
+    from gramcheck.targets import replayed_calls, taped
+
+    t = object()
+    q = np.ones((1, 1, 2, 2))
+    made = []
+
+    def grads(decay):
+        return taped(t, "gradients", (True,), {"input q": q, "input w": np.full(q.shape, decay), "loss w": q * 0.5},
+                     lambda: made.append(decay) or decay)
+
+    with replayed_calls() as replay:
+        assert grads(-0.1) == -0.1
+        with replay():
+            assert grads(-9.0) == -9.0 and grads(-0.1) == -0.1
+    assert made == [-0.1, -9.0]  # the second judgment ran the new call, replayed the recorded one

@@ -164,6 +164,21 @@ def test_the_float64_call_of_a_float32_internal_target_is_the_one_judged():
     assert ok.passed and ok["gradcheck"].details["computes_in"] == "float32", ok.summary()
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_a_gradient_too_small_to_judge_is_still_held_to_the_rules_loosest_bound(causal):
+    """Where a gradient cancels below its terms' rounding it is listed as not judged, but an error far beyond the
+    rule's loosest bound still fails (it passed as 'unjudged' before)."""
+    from broken import softmax_in_float32_with_dq_garbage_on_duplicate_keys
+
+    dom = {"max_n": 16, "max_d": 4, "examples": 10}
+    r = check(softmax_in_float32_with_dq_garbage_on_duplicate_keys, "softmax", dtype="float64", causal=causal,
+              properties=["gradcheck"], seed=0, domain=dom)
+    assert not r.passed, r.summary()
+    ok = check(softmax_in_float32, "softmax", dtype="float64", causal=causal, properties=["gradcheck"], seed=0,
+               domain=dom)
+    assert ok.passed and "dq" in ok["gradcheck"].details.get("unjudged", []), ok.summary()
+
+
 def test_each_jacobian_row_is_held_to_its_own_outputs_rounding_noise():
     """Central differences (the fallback where backward-agreement's rule does not apply): output i is divided by
     w_i = max(1, 2 E_i / (eps atol)), which holds row i to max(atol, 2 E_i / eps); one large output loosens its own

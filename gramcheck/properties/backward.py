@@ -154,7 +154,8 @@ def target_gradients(
             loss = _loss(res, torch.as_tensor(w), None if ws is None else torch.as_tensor(ws))
             return _grads(loss, leaves, target, cut), cut
 
-    grads, cut = taped(target, "gradients", (causal, tuple(names)), {**arrays, "w": w, "ws": ws}, run)
+    keyed = {**{f"input {n}": x for n, x in arrays.items()}, "loss w": w, "loss ws": ws}
+    grads, cut = taped(target, "gradients", (causal, tuple(names)), keyed, run)
     if missing is not None:
         missing.extend(cut)
     return grads
@@ -362,17 +363,22 @@ def _judge_gradients(
         # cancel) the roundings follow the terms: not judged.
         own_norm = frobenius(ref[n]) if largest > CANCELLED * natural and contracting else 0.0
         scale_norm = max(own_norm, natural * float(np.sqrt(ref[n].size)))
-        if blind.any():
-            unjudged.append(f"d{n}")  # no yardstick for every entry of a tensor judged as a whole
-            continue
         bound = BACKWARD_K * yardstick_error(naive, ref, n, within(frobenius)) + floor_rel * scale_norm + underflow
-        if bound >= own_norm:
+        if blind.any() or bound >= own_norm:
+            # no bound below the gradient's own size (or no yardstick for every entry of a tensor judged as a
+            # whole): the tensor is not judged, but it is still held, in norm, to the loosest of the rule's
+            # bounds (entrywise with the blind entries' worst case, and in norm), which no correct algorithm
+            # leaves: an error far beyond it (a dq of 180 where the terms are 5) fails
+            entrywise = np.where(blind, BACKWARD_K * gamma(length, ACCUMULATOR) * scale, BACKWARD_K * e_n) + floor
+            loosest = max(bound, frobenius(entrywise))
             unjudged.append(f"d{n}")
+            parts[f"d{n}"] = NormPart(err, loosest)
             continue
         in_norm.append(f"d{n}")
         parts[f"d{n}"] = NormPart(err, bound)
-    if not parts:
-        return None  # no gradient of this input can be judged: not an example of the property
+    held_only = [p for k, p in parts.items() if k in unjudged]
+    if len(held_only) == len(parts) and all(p.error <= p.bound for p in held_only):
+        return None  # no gradient of this input can be judged, and none leaves the loosest bound: not an example
     token_axis = {f"d{n}": 2 for n in names if n not in ("initial_state",) and np.ndim(arrays[n]) >= 3}
     details: dict[str, Any] = {"naive_errors": naive_err, "gradient_scales": scales, "k": BACKWARD_K}
     details["floor"] = {"relative": floor_rel, "accumulation_length": length, "underflow": underflow}
@@ -385,7 +391,10 @@ def _judge_gradients(
         notes.append(f"judged in norm (the floor {floor_rel:.2g} T reaches entries): {', '.join(in_norm)}")
     if unjudged:
         details["unjudged"] = unjudged
-        notes.append(f"not judged (the floor reaches the gradient's own size, also in norm): {', '.join(unjudged)}")
+        notes.append(
+            "not judged (the floor reaches the gradient's own size, also in norm; held only to the rule's loosest "
+            f"bound): {', '.join(unjudged)}"
+        )
     if no_yardstick:
         counts = ", ".join(f"{k} {v}" for k, v in no_yardstick.items())
         notes.append(

@@ -216,7 +216,8 @@ def _packed_gradients(
         }
 
     s0 = None if s0s is None else np.concatenate(s0s, axis=0)
-    return taped(target, "packed-gradients", (causal, tuple(names)), {**arrays, "w": w, "cu": cu, "s0": s0}, run)
+    keyed = {**{f"input {n}": x for n, x in arrays.items()}, "loss w": w, "cu_seqlens": cu, "initial_state": s0}
+    return taped(target, "packed-gradients", (causal, tuple(names)), keyed, run)
 
 
 @guarded("packing-isolation")
