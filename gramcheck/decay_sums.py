@@ -76,8 +76,7 @@ def decay_sum_share(
     """R(rho) - R(0) per part of ``result`` (the definition's ball in ``model(dtype)``: one ball, or (out, S_N)),
     entrywise, 0 where not finite (an unbounded share proves nothing); None where the variant has no
     log-decay input on this call, or the call packs sequences (the sums restart per sequence)."""
-    params_extras = {n: kw[n] for n in var.input_names if n in kw}
-    radii = log_decay_radii(var, params_extras)
+    radii = log_decay_radii(var, {n: kw[n] for n in var.input_names if n in kw})
     if not radii or kw.get("cu_seqlens") is not None:
         return None
     ar = model(dtype)

@@ -365,13 +365,11 @@ class Target:
 
     def __call__(self, q: Any, k: Any, v: Any, *, causal: bool, dtype: str | None = None, **extras: Any) -> np.ndarray:
         """Run on float64 arrays (representable in the dtype); returns float64 NumPy."""
-        key = lambda: _call_key(self, "call", causal, dtype, {"q": q, "k": k, "v": v, **extras})  # noqa: E731
-        return _play(key, lambda: self._numpy_call(q, k, v, causal=causal, dtype=dtype, **extras))
+        arrays = {"q": q, "k": k, "v": v, **extras}
+        return taped(self, "call", (causal, dtype), arrays, lambda: self._numpy_call(arrays, causal, dtype))
 
-    def _numpy_call(
-        self, q: Any, k: Any, v: Any, *, causal: bool, dtype: str | None = None, **extras: Any
-    ) -> np.ndarray:
-        t = self.tensors({"q": q, "k": k, "v": v, **extras}, dtype=dtype)
+    def _numpy_call(self, arrays: dict[str, Any], causal: bool, dtype: str | None) -> np.ndarray:
+        t = self.tensors(arrays, dtype=dtype)
         out = self.call_torch(t.pop("q"), t.pop("k"), t.pop("v"), causal=causal, **t)
         return out.detach().to("cpu").double().numpy()
 
@@ -393,8 +391,8 @@ class Target:
         if initial_state is not None:
             arrays["initial_state"] = initial_state
         keyed = {**{f"input {n}": x for n, x in arrays.items()}, "cu_seqlens": cu_seqlens}
-        key = lambda: _call_key(self, "run", causal, output_final_state, keyed)  # noqa: E731
-        return _play(key, lambda: self._numpy_run(arrays, causal, output_final_state, cu_seqlens))
+        run = lambda: self._numpy_run(arrays, causal, output_final_state, cu_seqlens)  # noqa: E731
+        return taped(self, "run", (causal, output_final_state), keyed, run)
 
     def _numpy_run(self, arrays: dict[str, Any], causal: bool, output_final_state: bool, cu_seqlens: Any) -> Any:
         torch = _torch()
@@ -431,20 +429,14 @@ class _Tape:
             kept = self.results.get(key, [])
             if done < len(kept):
                 self.used[key] = done + 1
-                return _copied(kept[done])
+                return copy.deepcopy(kept[done])
         res = call()
         if not self.replaying:
-            self.results.setdefault(key, []).append(_copied(res))
+            self.results.setdefault(key, []).append(copy.deepcopy(res))
         return res
 
 
 _TAPE: ContextVar[_Tape | None] = ContextVar("gramcheck_target_tape", default=None)
-
-
-def _play(key: Callable[[], bytes], call: Callable[[], Any]) -> Any:
-    """``call()``, through the tape of a judgment made twice where one is open (``replayed_calls``)."""
-    tape = _TAPE.get()
-    return call() if tape is None else tape.play(key(), call)
 
 
 @contextlib.contextmanager
@@ -474,20 +466,17 @@ def replayed_calls() -> Iterator[Callable[[], Any]]:
 def taped(
     target: Target, kind: str, options: tuple[Any, ...], arrays: Mapping[str, Any], call: Callable[[], Any]
 ) -> Any:
-    """``call()``, a computation through ``target`` whose NumPy result (arrays, or tuples, lists and dicts of them)
-    depends only on ``options`` and ``arrays``: recorded and replayed like the target's own calls in a judgment
-    made twice (``replayed_calls``), e.g. the gradients of its backward."""
-    return _play(lambda: _call_key(target, kind, *options, dict(arrays)), call)
+    """``call()``, a computation through ``target`` (its call, its backward) whose NumPy result (arrays, or tuples,
+    lists and dicts of them) depends only on ``options`` and ``arrays``; inside a judgment made twice
+    (``replayed_calls``), recorded in the first and replayed in the second."""
+    tape = _TAPE.get()
+    return call() if tape is None else tape.play(_call_key(target, kind, options, arrays), call)
 
 
-def _copied(res: Any) -> Any:
-    return copy.deepcopy(res)
-
-
-def _call_key(target: Target, kind: str, *options: Any) -> bytes:
+def _call_key(target: Target, kind: str, options: tuple[Any, ...], arrays: Mapping[str, Any]) -> bytes:
     """A digest of one call: the target, the entry point, the options and every array's dtype, shape and bytes."""
-    h = hashlib.sha256(f"{id(target)}:{kind}:{options[:-1]!r}".encode())
-    for name, x in sorted(options[-1].items()):
+    h = hashlib.sha256(f"{id(target)}:{kind}:{options!r}".encode())
+    for name, x in sorted(arrays.items()):
         h.update(name.encode())
         if x is None:
             h.update(b"none")
