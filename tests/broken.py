@@ -491,3 +491,10 @@ def softmax_in_float32_with_dq_garbage_on_duplicate_keys(q, k, v, *, causal):
     if spread < 1e-4 and q.shape[2] > 1:
         out = out + 10.0 * (q - q.detach()).sum(-1, keepdim=True)
     return out
+
+
+def linear_relu_in_float32_with_dq_ten_percent_off(q, k, v, *, causal):
+    """relu linear attention computed in float32 whose backward scales dq by 1.1 (the forward unchanged)."""
+    from correct_lowprec import linear_relu_in_float32
+
+    return linear_relu_in_float32(q + 0.1 * (q - q.detach()), k, v, causal=causal)

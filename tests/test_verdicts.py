@@ -179,6 +179,22 @@ def test_a_gradient_too_small_to_judge_is_still_held_to_the_rules_loosest_bound(
     assert ok.passed and "dq" in ok["gradcheck"].details.get("unjudged", []), ok.summary()
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_central_differences_with_rows_held_to_their_noise_pass_a_float32_relu_and_fail_a_wrong_dq(causal):
+    """relu's denominator can vanish, so backward-agreement's rule does not apply and central differences stay,
+    each row held to its own output's float32 noise: the correct float32 form passes, a dq 10% off fails."""
+    from broken import linear_relu_in_float32_with_dq_ten_percent_off
+    from correct_lowprec import linear_relu_in_float32
+
+    dom = {"max_n": 8, "max_d": 4, "examples": 10}
+    ok = check(linear_relu_in_float32, "linear-relu", dtype="float64", causal=causal, properties=["gradcheck"],
+               domain=dom)
+    assert ok.passed and ok["gradcheck"].details["computes_in"] == "float32", ok.summary()
+    bad = check(linear_relu_in_float32_with_dq_ten_percent_off, "linear-relu", dtype="float64", causal=causal,
+                properties=["gradcheck"], domain=dom)
+    assert not bad.passed, bad.summary()
+
+
 def test_each_jacobian_row_is_held_to_its_own_outputs_rounding_noise():
     """Central differences (the fallback where backward-agreement's rule does not apply): output i is divided by
     w_i = max(1, 2 E_i / (eps atol)), which holds row i to max(atol, 2 E_i / eps); one large output loosens its own
