@@ -115,15 +115,18 @@ def state_bound(
     return out_b, st_b
 
 
-def propagation(target: Target, ex: AttentionInputs, err: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def propagation(
+    target: Target, ex: AttentionInputs, err: np.ndarray, *, keys: bool = True
+) -> tuple[np.ndarray, np.ndarray]:
     """Upper bounds on |out(S_0 + E) - out(S_0)| and |S_N(S_0 + E) - S_N(S_0)| for |E| <= err: the
     definition is affine in S_0 with coefficients s q_t diag(decay) (and decay for S_N); evaluated on |q|
-    (features phi(|q|) >= |phi(q)| for the monotone non-negative feature maps) with v = 0."""
+    (features phi(|q|) >= |phi(q)| for the monotone non-negative feature maps) with v = 0. ``keys=False``:
+    with zero keys too, the decays alone carry ``err`` (the delta rule's erasing writes left out)."""
     zero_v = np.zeros_like(ex.v)
     with np.errstate(all="ignore"):
         out, st = target.variant.reference(
             np.abs(ex.q),
-            ex.k,
+            ex.k if keys else np.zeros_like(ex.k),
             zero_v,
             causal=True,
             output_final_state=True,
@@ -317,23 +320,32 @@ class Vacuous:
         if not any(m.any() for m in rule):
             return parts, rule
         names = ("out", "final_state")
-        orders = Yardsticks(lambda reverse: naive_with_state(target, ex, s0, reverse=reverse))
+        orders = Yardsticks(
+            lambda reverse, stochastic: naive_with_state(target, ex, s0, reverse=reverse, stochastic=stochastic),
+            target.dtype,
+            FAITHFUL_SAMPLES,
+        )
         past = overflow_threshold(target.dtype)
         rule = tuple(  # type: ignore[assignment]
             m & np.isfinite(d) & ~(np.abs(t) >= past) for m, d, t in zip(rule, orders.forward[0], truths, strict=True)
         )
 
+        terms = initial_state_terms(target, ex, s0)
+
         def judged_by(runs: list[tuple[np.ndarray, np.ndarray]]) -> dict[str, NormPart]:
             parts = {}
             naives = ([o for o, _ in runs], [s for _, s in runs])
-            for name, mask, err, truth, rad, naive in zip(names, rule, errors, truths, rads, naives, strict=True):
-                for idx, j, bound in rule_in_norm(mask, truth, rad, naive, self.u):
+            for name, mask, err, truth, rad, naive, term in zip(
+                names, rule, errors, truths, rads, naives, terms, strict=True
+            ):
+                for idx, j, bound in rule_in_norm(mask, truth, rad, naive, self.u, term):
                     parts[f"{name}[{','.join(map(str, idx))}]"] = NormPart(err[idx][j], factor * bound)
             return parts
 
-        parts = judged_by(orders.forward)
-        if any(not p.error <= p.bound for p in parts.values()):
-            parts = judged_by(orders.both)
+        for runs in orders.stages():
+            parts = judged_by(runs)
+            if all(p.error <= p.bound for p in parts.values()):
+                break
         return parts, rule
 
     def counts(self, rule: tuple[np.ndarray, np.ndarray]) -> dict[str, Any]:
@@ -371,14 +383,18 @@ def vacuous(target: Target, ex: AttentionInputs, s0: np.ndarray | None, bounds: 
     return Vacuous(masks[0] & ~noise[0], masks[1] & ~noise[1], sizes, u, (noise[0], noise[1]), (loose[0], loose[1]))
 
 
+FAITHFUL_SAMPLES = 3  # the state rule's draws of each yardstick under stochastic rounding (``Yardsticks``)
+
+
 def naive_with_state(
-    target: Target, ex: AttentionInputs, s0: np.ndarray | None, *, reverse: bool = False
+    target: Target, ex: AttentionInputs, s0: np.ndarray | None, *, reverse: bool = False, stochastic: int | None = None
 ) -> list[tuple[np.ndarray, np.ndarray]]:
     """(out, S_N) of the definition, then of each other standard algorithm of the variant
     (``Variant.algorithms``), evaluated in the target's dtype (``RoundedArith``: the state held in
     float32, the output stored in the dtype) from S_0: the low-precision rule's yardsticks; ``reverse``:
-    every sum accumulated from the other end (proofs/low-precision-rule.md, "Summation order")."""
-    ar = RoundedArith(target.dtype, reverse=reverse)
+    every sum accumulated from the other end; ``stochastic``: rounded stochastically, with this seed
+    (proofs/low-precision-rule.md, "Summation order", "Faithful roundings")."""
+    ar = RoundedArith(target.dtype, reverse=reverse, stochastic=stochastic)
     kw = {**target.params, **ex.extras, "initial_state": s0, "output_final_state": True}
     with np.errstate(all="ignore"):
         runs = [_reference(target, ex, ar, initial_state=s0)]
@@ -386,14 +402,34 @@ def naive_with_state(
     return [(ar.stored(o), ar.to_float64(s)) for o, s in runs]
 
 
+def initial_state_terms(
+    target: Target, ex: AttentionInputs, s0: np.ndarray | None
+) -> tuple[np.ndarray | float, np.ndarray | float]:
+    """The terms of the size of S_0 in (out, S_N): s |q_t|^T (D_t |S_0|) and D_N |S_0|, D_t the decays
+    alone (``propagation`` with zero keys); 0 without S_0. Every algorithm rounds S_0's contribution where
+    it first combines it, whatever later cancels it (proofs/state-passing.md, "The floor of the rule")."""
+    if s0 is None:
+        return 0.0, 0.0
+    out, st = propagation(target, ex, np.abs(s0), keys=False)
+    return np.where(np.isfinite(out), out, 0.0), np.where(np.isfinite(st), st, 0.0)
+
+
 def rule_in_norm(
-    judged: np.ndarray, truth: np.ndarray, rad: np.ndarray, naives: list[np.ndarray], u: float
+    judged: np.ndarray,
+    truth: np.ndarray,
+    rad: np.ndarray,
+    naives: list[np.ndarray],
+    u: float,
+    terms: np.ndarray | float = 0.0,
 ) -> list[tuple[tuple[int, ...], np.ndarray, float]]:
     """(slice index, its judged entries, bound) per (batch, head) slice with judged entries: the
     low-precision rule in norm (proofs/low-precision-rule.md), ||T - truth||_J <= 2 ||naive - truth||_J +
-    4 u ||truth||_J, the naive error the largest over the definition and the other algorithms that are
-    finite there, net of the truth's radius (the caller adds the radius to the error). A definition that
-    is not finite there gives no yardstick: bound 0 (``Vacuous.rule_parts`` leaves such entries out)."""
+    2 ||max(u |truth|, u_s terms)||_J, the naive error the largest over the definition and the other
+    algorithms that are finite there, net of the truth's radius (the caller adds the radius to the error);
+    ``terms``: the magnitude of the terms of S_0 that every algorithm rounds in the precision it holds the
+    state in, u_s (``initial_state_terms``; float32 below float64). A definition that is not finite there
+    gives no yardstick: bound 0 (``Vacuous.rule_parts`` leaves such entries out)."""
+    scale = np.maximum(np.abs(truth), terms * (min(u, unit_roundoff("float32")) / u))
     out = []
     for idx, mask in per_slice(judged):
         j = mask[idx]
@@ -401,7 +437,7 @@ def rule_in_norm(
         finite = bool(np.all(np.isfinite(errs[0])))
         naive_err = max(frobenius(e) for e in errs if np.all(np.isfinite(e))) if finite else 0.0
         yard = max(naive_err - frobenius(rad[idx][j]), 0.0)
-        bound = LOW_PRECISION_K * yard + LOW_PRECISION_FLOOR_ULPS * u * frobenius(truth[idx][j])
+        bound = LOW_PRECISION_K * yard + LOW_PRECISION_FLOOR_ULPS * u * frobenius(scale[idx][j])
         out.append((idx, j, bound if finite else 0.0))
     return out
 
