@@ -161,25 +161,15 @@ def accumulator_computes(
 
 
 def naive_forms(
-    variant: Any,
-    q: Any,
-    k: Any,
-    v: Any,
-    *,
-    causal: bool,
-    dtype: Any,
-    reverse: bool = False,
-    stochastic: int | None = None,
-    **kwargs: Any,
+    variant: Any, q: Any, k: Any, v: Any, *, causal: bool, dtype: Any, reverse: bool = False, **kwargs: Any
 ) -> list[Naive]:
     """The low-precision rules' yardsticks: the definition, then each other standard algorithm of the
     variant (``Variant.algorithms``), evaluated with every operation rounded to ``dtype``, each with its
-    wide-range twin (the same stochastic draws); ``reverse``: with every sum accumulated from the other end;
-    ``stochastic``: rounded stochastically, with this seed (``RoundedArith``)."""
+    wide-range twin; ``reverse``: with every sum accumulated from the other end (``RoundedArith``)."""
     var = _variants.get(variant)
     rounded = []
     for wide in (False, True):
-        ar = RoundedArith(dtype, wide_range=wide, reverse=reverse, stochastic=stochastic)
+        ar = RoundedArith(dtype, wide_range=wide, reverse=reverse)
         with np.errstate(all="ignore"):
             outs = [var.reference(q, k, v, causal=causal, arith=ar, **kwargs)]
             outs += var.algorithms(q, k, v, causal=causal, arith=ar, **kwargs)
@@ -188,37 +178,21 @@ def naive_forms(
 
 
 class Yardsticks:
-    """The rule's yardsticks for one input, in stages evaluated when first needed: ``evaluate(reverse,
-    stochastic)`` gives one evaluation's list of forms; ``forward`` sums from the start, ``both`` adds every
-    form summed from the end, and ``sampled`` adds ``faithful`` evaluations of every form under stochastic
-    rounding (seeds 0, 1, ...: draws of its faithful roundings; none by default). A larger yardstick only
-    passes more, so a rule asks for a later stage only where the target fails against the one before
-    (proofs/low-precision-rule.md, "Summation order", "Faithful roundings")."""
+    """The rule's yardsticks for one input in the two summation orders, evaluated when first needed:
+    ``evaluate(reverse)`` gives one order's list; ``forward`` sums from the start, ``both`` adds every
+    form summed from the end. A larger yardstick only passes more, so a rule asks for both orders only
+    where the target fails against the first (proofs/low-precision-rule.md, "Summation order")."""
 
-    def __init__(self, evaluate: Callable[[bool, int | None], list[Any]], dtype: Any, faithful: int = 0):
+    def __init__(self, evaluate: Callable[[bool], list[Any]]):
         self._evaluate = evaluate
-        # float64's own rounding is the reference's: nothing to draw
-        self._faithful = 0 if dtype_name(dtype) == "float64" else faithful
 
     @functools.cached_property
     def forward(self) -> list[Any]:
-        return self._evaluate(False, None)
+        return self._evaluate(False)
 
     @functools.cached_property
     def both(self) -> list[Any]:
-        return self.forward + self._evaluate(True, None)
-
-    @functools.cached_property
-    def sampled(self) -> list[Any]:
-        return self.both + [f for seed in range(self._faithful) for f in self._evaluate(False, seed)]
-
-    def stages(self) -> Iterator[list[Any]]:
-        """``forward``, ``both``, then ``sampled`` where it draws: each evaluated only when the caller asks for
-        the next."""
-        yield self.forward
-        yield self.both
-        if self._faithful:
-            yield self.sampled
+        return self.forward + self._evaluate(True)
 
     def error(
         self,
@@ -228,21 +202,16 @@ class Yardsticks:
         size: Callable[[np.ndarray], float],
         fails: Callable[[float], bool],
     ) -> float:
-        """``yardstick_error`` over the first stage's forms (``Naive``), or over the first later stage
-        against which the target does not fail (``fails``), or the last."""
-        for forms in self.stages():
-            e = yardstick_error(forms, truth_value, judged, u, size)
-            if not fails(e):
-                break
-        return e
+        """``yardstick_error`` over the first order's forms (``Naive``), or over both where ``fails`` says
+        the target fails against the first."""
+        e = yardstick_error(self.forward, truth_value, judged, u, size)
+        return yardstick_error(self.both, truth_value, judged, u, size) if fails(e) else e
 
 
 def naive_yardsticks(variant: Any, q: Any, k: Any, v: Any, *, causal: bool, dtype: Any, **kwargs: Any) -> Yardsticks:
     """``naive_forms`` in both summation orders, each evaluated when first needed."""
     kw = {"causal": causal, "dtype": dtype, **kwargs}
-    return Yardsticks(
-        lambda reverse, stochastic: naive_forms(variant, q, k, v, reverse=reverse, stochastic=stochastic, **kw), dtype
-    )
+    return Yardsticks(lambda reverse: naive_forms(variant, q, k, v, reverse=reverse, **kw))
 
 
 @dataclass(frozen=True)

@@ -905,14 +905,11 @@ class RoundedArith(BallArith):
     dtype's significand in float64's exponent range, which tells the dtype's rounding from its
     underflow and overflow. ``reverse`` accumulates every sum and product from the other end of its
     axis (prefix sums excepted): the same algorithm in another summation order, whose error can differ
-    several-fold where terms cancel (proofs/low-precision-rule.md, "Summation order"). ``stochastic`` (a
-    seed) rounds every result stochastically instead (``precision.round_to``), products and sums
-    accumulated in float64 and rounded once: one draw of the same algorithm's faithful roundings
-    (proofs/low-precision-rule.md, "Faithful roundings")."""
+    several-fold where terms cancel (proofs/low-precision-rule.md, "Summation order")."""
 
     enclosing = False
 
-    def __init__(self, dtype: Any, *, wide_range: bool = False, reverse: bool = False, stochastic: int | None = None):
+    def __init__(self, dtype: Any, *, wide_range: bool = False, reverse: bool = False):
         from .precision import dtype_name, smallest_normal
 
         super().__init__(_F64Backend())
@@ -920,15 +917,12 @@ class RoundedArith(BallArith):
         self.held_dtype = "float64" if self.dtype == "float64" else "float32"
         self.wide_range = wide_range
         self.reverse = reverse
-        self._rng = None if stochastic is None else np.random.default_rng(stochastic)
         # where the target flushes (``subnormals``), every result and input below the smallest normal is 0
         # (an accumulation's partial sums are not); its wide-range twin keeps them, so that the rule tells
         # the flushed entries as range-decided
         self.flush_below = smallest_normal(self.dtype) if flushes(self.dtype) and not wide_range else 0.0
         flush = "-flush" if self.flush_below else ""
-        sampled = "" if stochastic is None else f"-stochastic{stochastic}"
-        order = ("-wide" if wide_range else "") + ("-reversed" if reverse else "")
-        self.name = f"rounded-{self.dtype}" + order + sampled + flush
+        self.name = f"rounded-{self.dtype}" + ("-wide" if wide_range else "") + ("-reversed" if reverse else "") + flush
 
     def held(self, x: Any) -> Ball:
         x = self._lift(x)
@@ -936,7 +930,7 @@ class RoundedArith(BallArith):
 
     def stored(self, x: Ball) -> np.ndarray:
         """The output as a kernel stores it, in the dtype (a held output is rounded once more)."""
-        return round_to(self.to_float64(x), self.dtype, wide_range=self.wide_range, rng=self._rng)
+        return round_to(self.to_float64(x), self.dtype, wide_range=self.wide_range)
 
     def shifted(self, x: Any, base: Any, axis: int) -> Ball:
         """``Arith.shifted`` as ``TorchArith.shifted`` computes it: the maximum and the shift in float32
@@ -973,8 +967,8 @@ class RoundedArith(BallArith):
     def _computed(self, y: Any, to: str) -> np.ndarray:
         """y as torch computes a result in ``to``: in float32 below float32, then rounded to ``to``."""
         if to in ("bfloat16", "float16"):
-            y = round_to(y, "float32", wide_range=self.wide_range, rng=self._rng)
-        out = round_to(y, to, wide_range=self.wide_range, rng=self._rng)
+            y = round_to(y, "float32", wide_range=self.wide_range)
+        out = round_to(y, to, wide_range=self.wide_range)
         return np.where(np.abs(out) < self.flush_below, 0.0 * out, out) if self.flush_below else out
 
     def _pair(self, a: Ball, b: Ball, *, to_tensor: bool = False) -> tuple[Any, Any]:
@@ -1065,37 +1059,5 @@ class RoundedArith(BallArith):
             xs = (np.flip(xs[0], -1), np.flip(xs[1], -2)) if op is np.matmul else (np.flip(xs[0], kw["axis"]),)
         if self.dtype == "float64":
             return op(*xs, **kw)
-        if self._rng is not None:
-            return self._stochastic_accumulation(op, *xs, **kw)
         with np.errstate(over="ignore", invalid="ignore"):
             return op(*(np.asarray(x).astype(np.float32) for x in xs), **kw).astype(np.float64)
-
-    def _stochastic_accumulation(self, op: Any, *xs: np.ndarray, **kw: Any) -> np.ndarray:
-        """``op`` (matmul, sum, cumsum) accumulated term by term in float32, every product and partial sum
-        rounded stochastically: a sequential float32 accumulation's roundings, drawn."""
-
-        def rounded(y: np.ndarray) -> np.ndarray:
-            return round_to(y, "float32", wide_range=self.wide_range, rng=self._rng)
-
-        if op is np.matmul:
-            a, b = (np.asarray(x, dtype=np.float64) for x in xs)
-            a2, b2 = (a[None, :] if a.ndim == 1 else a), (b[:, None] if b.ndim == 1 else b)
-            terms = [a2[..., :, j, None] * b2[..., j, None, :] for j in range(a2.shape[-1])]
-            shape = np.broadcast_shapes(a2.shape[:-2] + (a2.shape[-2], 1), b2.shape[:-2] + (1, b2.shape[-1]))
-            squeeze = [ax for ax, one in ((-1, b.ndim == 1), (-2, a.ndim == 1)) if one]
-        else:
-            axis = kw["axis"]
-            x = np.moveaxis(np.asarray(xs[0], dtype=np.float64), axis, -1)
-            terms = [x[..., j] for j in range(x.shape[-1])]
-            shape = x.shape[:-1]
-        with np.errstate(over="ignore", invalid="ignore"):
-            acc = np.zeros(shape)
-            partial = []
-            for term in terms:
-                acc = rounded(acc + rounded(term))
-                partial.append(acc)
-        if op is np.cumsum:
-            return np.moveaxis(np.stack(partial, axis=-1) if partial else np.zeros(shape + (0,)), -1, kw["axis"])
-        if op is np.matmul:
-            return np.squeeze(acc, axis=tuple(squeeze)) if squeeze else acc
-        return np.expand_dims(acc, kw["axis"]) if kw.get("keepdims") else acc

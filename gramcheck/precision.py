@@ -149,13 +149,12 @@ def overflow_threshold(dtype: Any) -> float:
     return math.inf if dtype_name(dtype) == "float64" else top + half_spacing
 
 
-def round_to(x: Any, dtype: Any, *, wide_range: bool = False, rng: np.random.Generator | None = None) -> np.ndarray:
+def round_to(x: Any, dtype: Any, *, wide_range: bool = False) -> np.ndarray:
     """x (float64) rounded to the nearest value of ``dtype`` (ties to even, subnormals kept, overflow to
     +-inf), returned as float64 so a reference evaluates exactly what a target in ``dtype`` receives.
     NumPy only: p significand bits and the subnormal exponent define the grid. ``wide_range`` keeps the
     significand bits and takes float64's exponent range: the rounding without the dtype's underflow
-    and overflow. ``rng``: stochastic rounding instead, to the neighbour below x or the one above it with
-    probabilities in proportion to the nearness of each (a representable x stays exact)."""
+    and overflow."""
     name = dtype_name(dtype)
     x = np.asarray(x, dtype=np.float64)
     if name == "float64":
@@ -165,11 +164,7 @@ def round_to(x: Any, dtype: Any, *, wide_range: bool = False, rng: np.random.Gen
     with np.errstate(over="ignore", invalid="ignore"):
         _, e = np.frexp(x)  # x = f 2^e, 0.5 <= |f| < 1
         step = np.maximum(e.astype(np.int64) - p, sub_exp)  # spacing 2^step of the grid near x
-        scaled = np.ldexp(x, -step)
-        if rng is None:
-            out = np.ldexp(np.round(scaled), step)  # np.round: half to even
-        else:
-            out = np.ldexp(np.floor(scaled + rng.random(np.shape(scaled))), step)
+        out = np.ldexp(np.round(np.ldexp(x, -step)), step)  # np.round: half to even
         return np.where(np.abs(out) > big, np.copysign(np.inf, x), out)
 
 

@@ -101,27 +101,3 @@ def test_an_unbounded_radius_against_an_exact_zero_is_unknown_not_nan():
     f = P.get("rows-sum-to-one").fn(builtin("softmax", dtype="bfloat16"), ex, causal=False)
     assert f.passed and f.details["uncertifiable_entries"] >= 1, f
 
-
-
-def test_stochastic_accumulation_rounds_every_partial_sum_to_float32():
-    """RoundedArith(stochastic=seed) accumulates matmul, sum and cumsum term by term in float32, each product
-    and partial sum rounded stochastically: exact where every partial sum is representable (small integers),
-    within the sequential bound gamma_n sum |terms| elsewhere, and one draw per seed (another seed draws other
-    roundings)."""
-    from gramcheck.arith import RoundedArith
-    from gramcheck.precision import gamma
-
-    rng = np.random.default_rng(0)
-    a, b = rng.integers(-8, 8, (3, 5, 7)).astype(float), rng.integers(-8, 8, (7, 4)).astype(float)
-    ar = RoundedArith("float32", stochastic=0)
-    assert np.array_equal(ar.to_float64(ar.matmul(a, b)), a @ b)
-    assert np.array_equal(ar.to_float64(ar.cumsum(ar.asarray(a), axis=1)), np.cumsum(a, axis=1))
-    x, y = (rng.standard_normal(s).astype(np.float32).astype(float) for s in ((2, 6, 64), (64, 3)))
-    bound = gamma(65, "float32") * (np.abs(x) @ np.abs(y))
-    draws = [RoundedArith("float32", stochastic=s) for s in (0, 0, 1)]
-    got = [d.to_float64(d.matmul(x, y)) for d in draws]
-    for g in got:
-        assert np.all(np.abs(g - x @ y) <= bound)
-    assert np.array_equal(got[0], got[1]) and not np.array_equal(got[0], got[2])
-    s = ar.to_float64(ar.sum(ar.asarray(x), axis=-1, keepdims=True))
-    assert s.shape == (2, 6, 1) and np.all(np.abs(s[..., 0] - x.sum(-1)) <= gamma(64, "float32") * np.abs(x).sum(-1))

@@ -405,3 +405,18 @@ def test_gradcheck_differentiates_the_extra_inputs_of_a_float64_target(variant, 
     kw = {"causal": True, "dtype": "float64", "properties": ["gradcheck"]}
     assert not check(wrong, variant, **kw)["gradcheck"].passed
     assert check(f"builtin:{variant}", **kw)["gradcheck"].passed
+
+
+@pytest.mark.parametrize(("variant", "name"), [("gla", "q"), ("softmax", "v"), ("rwkv6", "g"), ("deltanet", "k")])
+def test_gradcheck_holds_a_float64_target_to_the_definitions_gradients(variant, name):
+    """Central differences with rtol = 1e-3 passed a float64 gradient 1e-4 relative off (dq of gla, dv of softmax).
+    Where the definition is smooth, a float64 target's gradients are held to backward-agreement's rule against the
+    definition's float64 gradients, with a float32 accumulator's floor (``gradients.rule_gradients``): each fails
+    (deltanet's dk, through the keys' normalisation, at 6; the others above 30), and the builtin passes."""
+    t = builtin(variant, dtype="float64")
+    wrong = with_changed_gradient(t.fn, name, lambda grad: grad * (1 + 1e-4))
+    kw = {"causal": True, "dtype": "float64", "properties": ["gradcheck"]}
+    f = check(wrong, variant, **kw)["gradcheck"]
+    assert not f.passed and f.measured > 5, f.details
+    ok = check(f"builtin:{variant}", **kw)["gradcheck"]
+    assert ok.passed and ok.details["computes_in"] == "float64", ok.details

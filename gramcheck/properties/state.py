@@ -251,7 +251,7 @@ def state_agreement(target: Target, ex: AttentionInputs, *, causal: bool) -> Fin
         np.where(m, np.maximum(d - r, 0.0), e) for m, d, r, e in zip(vac.unbounded, dists, rads, errors, strict=True)
     )
     parts: dict[str, Any] = {"out": (held[0], b_out), "final_state": (held[1], b_st)}
-    rule_parts, rule = vac.rule_parts(target, ex, s0, truths, rads, errors, 1.0)
+    rule_parts, rule = vac.rule_parts(target, ex, s0, truths, rads, errors, 1.0, initial_state_terms(target, ex, s0))
     parts.update(rule_parts)
     return parts_finding(
         "state-agreement",
@@ -309,9 +309,11 @@ class Vacuous:
         rads: tuple[np.ndarray, ...],
         errors: tuple[np.ndarray, ...],
         factor: float,
+        terms: tuple[Any, Any],
     ) -> tuple[dict[str, NormPart], tuple[np.ndarray, np.ndarray]]:
         """The parts of (out, S_N) the rule in norm judges, one per (batch, head) slice: ``errors``
-        against ``factor`` times the rule's bound (``rule_in_norm``), and the entries it judges: those of
+        against ``factor`` times the rule's bound (``rule_in_norm``, floored at ``terms``: the terms of the
+        states the runs start from, ``initial_state_terms``), and the entries it judges: those of
         ``judgeable`` where the definition evaluated in the dtype is finite (the others have no yardstick, as
         agreement's ``judged_in_range``: counted as unjudged, a NaN there still fails) and the exact value is
         within the dtype's range (an infinite output there is measured by ``agreement.output_distance``)."""
@@ -320,17 +322,11 @@ class Vacuous:
         if not any(m.any() for m in rule):
             return parts, rule
         names = ("out", "final_state")
-        orders = Yardsticks(
-            lambda reverse, stochastic: naive_with_state(target, ex, s0, reverse=reverse, stochastic=stochastic),
-            target.dtype,
-            FAITHFUL_SAMPLES,
-        )
+        orders = Yardsticks(lambda reverse: naive_with_state(target, ex, s0, reverse=reverse))
         past = overflow_threshold(target.dtype)
         rule = tuple(  # type: ignore[assignment]
             m & np.isfinite(d) & ~(np.abs(t) >= past) for m, d, t in zip(rule, orders.forward[0], truths, strict=True)
         )
-
-        terms = initial_state_terms(target, ex, s0)
 
         def judged_by(runs: list[tuple[np.ndarray, np.ndarray]]) -> dict[str, NormPart]:
             parts = {}
@@ -342,10 +338,9 @@ class Vacuous:
                     parts[f"{name}[{','.join(map(str, idx))}]"] = NormPart(err[idx][j], factor * bound)
             return parts
 
-        for runs in orders.stages():
-            parts = judged_by(runs)
-            if all(p.error <= p.bound for p in parts.values()):
-                break
+        parts = judged_by(orders.forward)
+        if any(not p.error <= p.bound for p in parts.values()):
+            parts = judged_by(orders.both)
         return parts, rule
 
     def counts(self, rule: tuple[np.ndarray, np.ndarray]) -> dict[str, Any]:
@@ -383,18 +378,14 @@ def vacuous(target: Target, ex: AttentionInputs, s0: np.ndarray | None, bounds: 
     return Vacuous(masks[0] & ~noise[0], masks[1] & ~noise[1], sizes, u, (noise[0], noise[1]), (loose[0], loose[1]))
 
 
-FAITHFUL_SAMPLES = 3  # the state rule's draws of each yardstick under stochastic rounding (``Yardsticks``)
-
-
 def naive_with_state(
-    target: Target, ex: AttentionInputs, s0: np.ndarray | None, *, reverse: bool = False, stochastic: int | None = None
+    target: Target, ex: AttentionInputs, s0: np.ndarray | None, *, reverse: bool = False
 ) -> list[tuple[np.ndarray, np.ndarray]]:
     """(out, S_N) of the definition, then of each other standard algorithm of the variant
     (``Variant.algorithms``), evaluated in the target's dtype (``RoundedArith``: the state held in
     float32, the output stored in the dtype) from S_0: the low-precision rule's yardsticks; ``reverse``:
-    every sum accumulated from the other end; ``stochastic``: rounded stochastically, with this seed
-    (proofs/low-precision-rule.md, "Summation order", "Faithful roundings")."""
-    ar = RoundedArith(target.dtype, reverse=reverse, stochastic=stochastic)
+    every sum accumulated from the other end (proofs/low-precision-rule.md, "Summation order")."""
+    ar = RoundedArith(target.dtype, reverse=reverse)
     kw = {**target.params, **ex.extras, "initial_state": s0, "output_final_state": True}
     with np.errstate(all="ignore"):
         runs = [_reference(target, ex, ar, initial_state=s0)]
@@ -405,13 +396,20 @@ def naive_with_state(
 def initial_state_terms(
     target: Target, ex: AttentionInputs, s0: np.ndarray | None
 ) -> tuple[np.ndarray | float, np.ndarray | float]:
-    """The terms of the size of S_0 in (out, S_N): s |q_t|^T (D_t |S_0|) and D_N |S_0|, D_t the decays
-    alone (``propagation`` with zero keys); 0 without S_0. Every algorithm rounds S_0's contribution where
-    it first combines it, whatever later cancels it (proofs/state-passing.md, "The floor of the rule")."""
+    """The terms of the size of S_0 that a standard algorithm combines into (out, S_N): s |q_t|^T (D_t |S_0|)
+    and D_N |S_0|, D_t the decays alone (``propagation`` with zero keys); 0 without S_0. Where the transitions
+    contract (the delta rule), only in the first chunk of the longest standard chunk size c, where the chunked
+    algorithm combines S_0 into each of the t tokens' corrections so far, times sqrt(t); past it, erasing writes
+    remove S_0 and its rounding alike (proofs/state-passing.md, "The floor of the rule")."""
     if s0 is None:
         return 0.0, 0.0
-    out, st = propagation(target, ex, np.abs(s0), keys=False)
-    return np.where(np.isfinite(out), out, 0.0), np.where(np.isfinite(st), st, 0.0)
+    out, st = (np.where(np.isfinite(x), x, 0.0) for x in propagation(target, ex, np.abs(s0), keys=False))
+    if "contracting-transitions" in target.variant.tags(target.params):
+        c, n = max(CHUNK_SIZES), ex.q.shape[-2]
+        t = np.arange(1, n + 1)
+        out = out * np.where(t <= c, np.sqrt(t), 0.0)[:, None]
+        st = st * (math.sqrt(n) if n <= c else 0.0)
+    return out, st
 
 
 def rule_in_norm(
@@ -505,7 +503,15 @@ def state_split(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding
     rule: tuple[np.ndarray, np.ndarray] = (np.zeros_like(vac.out), np.zeros_like(vac.state))
     if vac.any:
         truths, rads = state_truth(target, ex, s0, vac.truth_request((bound_out, bound_st)))
-        rule_parts, rule = vac.rule_parts(target, ex, s0, truths, rads, diffs, 2.0)
+        # the split run's second segment starts from the carried state: its terms count from t on
+        t_full, t_first, t_second = (
+            initial_state_terms(target, seg, s) for seg, s in ((ex, s0), (first, s0), (second, carried))
+        )
+        split_terms = np.concatenate(
+            [np.broadcast_to(t_first[0], np.shape(o1)), np.broadcast_to(t_second[0], np.shape(o2))], axis=2
+        )
+        terms = (np.maximum(t_full[0], split_terms), np.maximum(t_full[1], t_second[1]))
+        rule_parts, rule = vac.rule_parts(target, ex, s0, truths, rads, diffs, 2.0, terms)
         parts.update(rule_parts)
     return parts_finding(
         "state-split",
