@@ -2,6 +2,8 @@
 a target that ignores initial_state and one that returns its state transposed fail; the bound's
 propagation term is exact where it can be (q >= 0, a non-negative state error)."""
 
+import itertools
+
 import numpy as np
 import pytest
 from broken import gla_ignoring_initial_state, gla_state_as_dv_dk, gla_transposed_state, gla_uninitialised_state
@@ -63,6 +65,36 @@ def test_propagation_term_is_exact_for_nonnegative_queries():
     p_out, p_st = propagation(t, ex, err)
     np.testing.assert_allclose(p_out, np.abs(o2 - o1), rtol=1e-9)
     np.testing.assert_allclose(p_st, np.abs(s2 - s1), rtol=1e-9)
+
+
+@pytest.mark.parametrize("name", ["deltanet", "gated-deltanet"])
+def test_propagation_bounds_a_state_error_through_the_delta_rules_signed_transitions(name):
+    """The delta rule's transitions alpha (I - beta k k^T) are signed: the reference run on err (>= 0), as
+    ``propagation`` did for every variant, is not a bound on the change of out and S_N over |E| <= err (found
+    here for some sign pattern of E); the column-norm bound of contracting transitions is, for every pattern."""
+    rng = np.random.default_rng(1)
+    q, k, v = rng.standard_normal((3, 1, 1, 8, 2))
+    extras = {"beta": rng.uniform(0.5, 2.0, (1, 1, 8))}
+    if name == "gated-deltanet":
+        extras["g"] = -rng.uniform(0.0, 0.3, (1, 1, 8))
+    ex = AttentionInputs(q, k, v, extras, dtype="float64")
+    t = builtin(name, dtype="float64")
+    var = V.get(name)
+    s0 = rng.standard_normal((1, 1, 2, 2))
+    err = np.full((1, 1, 2, 2), 0.1)
+    p_out, p_st = propagation(t, ex, err)
+    kw = {"causal": True, "output_final_state": True, **extras}
+    signed = var.reference(np.abs(q), k, np.zeros_like(v), initial_state=err, **kw)
+    o, st = var.reference(q, k, v, initial_state=s0, **kw)
+    missed = False
+    for signs in itertools.product((-1.0, 1.0), repeat=4):
+        e = err * np.reshape(signs, (1, 1, 2, 2))
+        o2, st2 = var.reference(q, k, v, initial_state=s0 + e, **kw)
+        assert np.all(np.abs(o2 - o) <= p_out), (signs, np.abs(o2 - o) / p_out)
+        assert np.all(np.abs(st2 - st) <= p_st), (signs, np.abs(st2 - st) / p_st)
+        missed |= bool(np.any(np.abs(o2 - o) > 2 * np.abs(signed[0])))
+        missed |= bool(np.any(np.abs(st2 - st) > 2 * np.abs(signed[1])))
+    assert missed
 
 
 def test_split_points_reach_chunk_boundaries():

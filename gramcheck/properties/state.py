@@ -115,27 +115,35 @@ def state_bound(
     return out_b, st_b
 
 
-def propagation(
-    target: Target, ex: AttentionInputs, err: np.ndarray, *, keys: bool = True
-) -> tuple[np.ndarray, np.ndarray]:
-    """Upper bounds on |out(S_0 + E) - out(S_0)| and |S_N(S_0 + E) - S_N(S_0)| for |E| <= err: the
-    definition is affine in S_0 with coefficients s q_t diag(decay) (and decay for S_N); evaluated on |q|
-    (features phi(|q|) >= |phi(q)| for the monotone non-negative feature maps) with v = 0. ``keys=False``:
-    with zero keys too, the decays alone carry ``err`` (the delta rule's erasing writes left out)."""
-    zero_v = np.zeros_like(ex.v)
+def carried_by_decays(target: Target, ex: AttentionInputs, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(s |q_t|^T (D_t x), D_N x) for x >= 0 (B, H, d_k, d_v): the definition from S_0 = x on |q| with zero keys
+    and values, so that the decays D_t alone carry it (features phi(|q|) >= |phi(q)| for the monotone
+    non-negative feature maps; a bonus or a skip term reads the values, here zero)."""
     with np.errstate(all="ignore"):
         out, st = target.variant.reference(
             np.abs(ex.q),
-            ex.k if keys else np.zeros_like(ex.k),
-            zero_v,
+            np.zeros_like(ex.k),
+            np.zeros_like(ex.v),
             causal=True,
             output_final_state=True,
-            initial_state=err,
+            initial_state=x,
             **target.params,
             **ex.extras,
         )
     slack = 1 + 1e-12 * (ex.q.shape[-2] + ex.q.shape[-1])  # float64 evaluation of non-negative sums
     return np.abs(out) * slack, np.abs(st) * slack
+
+
+def propagation(target: Target, ex: AttentionInputs, err: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Upper bounds on |out(S_0 + E) - out(S_0)| and |S_N(S_0 + E) - S_N(S_0)| for |E| <= err: the definition
+    is affine in S_0. Where the transitions are decays, with coefficients s q_t diag(decay) (and decay for
+    S_N): ``carried_by_decays`` of err. Where they contract (the delta rule: alpha_t (I - beta k k^T), norm at
+    most alpha_t), |(P E)_ij| <= ||P E_{:,j}||_2 <= D ||err_{:,j}||_2 and |s q^T P E_{:,j}| <= s ||q||_1 D
+    ||err_{:,j}||_2: ``carried_by_decays`` of every column replaced by its norm (the signed transitions
+    applied to err bound nothing: they may cancel where another E of the same size does not)."""
+    if "contracting-transitions" in target.variant.tags(target.params):
+        err = np.broadcast_to(np.sqrt(np.sum(np.square(err), axis=-2, keepdims=True)), err.shape)
+    return carried_by_decays(target, ex, err)
 
 
 def _segment(ex: AttentionInputs, a: int, b: int) -> AttentionInputs:
@@ -310,10 +318,12 @@ class Vacuous:
         errors: tuple[np.ndarray, ...],
         factor: float,
         terms: tuple[Any, Any],
+        slack: tuple[Any, Any] = (0.0, 0.0),
     ) -> tuple[dict[str, NormPart], tuple[np.ndarray, np.ndarray]]:
         """The parts of (out, S_N) the rule in norm judges, one per (batch, head) slice: ``errors``
         against ``factor`` times the rule's bound (``rule_in_norm``, floored at ``terms``: the terms of the
-        states the runs start from, ``initial_state_terms``), and the entries it judges: those of
+        states the runs start from, ``initial_state_terms``) plus the norm of ``slack`` (what the property's own
+        handling adds: state-split's rounding of the carried state), and the entries it judges: those of
         ``judgeable`` where the definition evaluated in the dtype is finite (the others have no yardstick, as
         agreement's ``judged_in_range``: counted as unjudged, a NaN there still fails) and the exact value is
         within the dtype's range (an infinite output there is measured by ``agreement.output_distance``)."""
@@ -331,11 +341,13 @@ class Vacuous:
         def judged_by(runs: list[tuple[np.ndarray, np.ndarray]]) -> dict[str, NormPart]:
             parts = {}
             naives = ([o for o, _ in runs], [s for _, s in runs])
-            for name, mask, err, truth, rad, naive, term in zip(
-                names, rule, errors, truths, rads, naives, terms, strict=True
+            for name, mask, err, truth, rad, naive, term, extra in zip(
+                names, rule, errors, truths, rads, naives, terms, slack, strict=True
             ):
+                extra = np.broadcast_to(extra, err.shape)
                 for idx, j, bound in rule_in_norm(mask, truth, rad, naive, self.u, term):
-                    parts[f"{name}[{','.join(map(str, idx))}]"] = NormPart(err[idx][j], factor * bound)
+                    key = f"{name}[{','.join(map(str, idx))}]"
+                    parts[key] = NormPart(err[idx][j], factor * bound + frobenius(extra[idx][j]))
             return parts
 
         parts = judged_by(orders.forward)
@@ -397,13 +409,13 @@ def initial_state_terms(
     target: Target, ex: AttentionInputs, s0: np.ndarray | None
 ) -> tuple[np.ndarray | float, np.ndarray | float]:
     """The terms of the size of S_0 that a standard algorithm combines into (out, S_N): s |q_t|^T (D_t |S_0|)
-    and D_N |S_0|, D_t the decays alone (``propagation`` with zero keys); 0 without S_0. Where the transitions
+    and D_N |S_0|, D_t the decays alone (``carried_by_decays``); 0 without S_0. Where the transitions
     contract (the delta rule), only in the first chunk of the longest standard chunk size c, where the chunked
     algorithm combines S_0 into each of the t tokens' corrections so far, times sqrt(t); past it, erasing writes
     remove S_0 and its rounding alike (proofs/state-passing.md, "The floor of the rule")."""
     if s0 is None:
         return 0.0, 0.0
-    out, st = (np.where(np.isfinite(x), x, 0.0) for x in propagation(target, ex, np.abs(s0), keys=False))
+    out, st = (np.where(np.isfinite(x), x, 0.0) for x in carried_by_decays(target, ex, np.abs(s0)))
     if "contracting-transitions" in target.variant.tags(target.params):
         c, n = max(CHUNK_SIZES), ex.q.shape[-2]
         t = np.arange(1, n + 1)
@@ -492,6 +504,7 @@ def state_split(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding
     b_out, b_st = state_bound(target, ex, s0)
     b1_out, b1_st = state_bound(target, first, s0)
     b2_out, b2_st = state_bound(target, second, carried)
+    r_out, r_st = propagation(target, second, np.abs(carried - s1))  # the carried state rounded to the dtype
     p_out, p_st = propagation(target, second, b1_st + np.abs(carried - s1))
     split_out = np.concatenate([o1, o2], axis=2)
     bound_out = b_out + np.concatenate([b1_out, b2_out + p_out], axis=2)
@@ -511,7 +524,8 @@ def state_split(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding
             [np.broadcast_to(t_first[0], np.shape(o1)), np.broadcast_to(t_second[0], np.shape(o2))], axis=2
         )
         terms = (np.maximum(t_full[0], split_terms), np.maximum(t_full[1], t_second[1]))
-        rule_parts, rule = vac.rule_parts(target, ex, s0, truths, rads, diffs, 2.0, terms)
+        slack = (np.concatenate([np.zeros(np.shape(o1)), r_out], axis=2), r_st)
+        rule_parts, rule = vac.rule_parts(target, ex, s0, truths, rads, diffs, 2.0, terms, slack)
         parts.update(rule_parts)
     return parts_finding(
         "state-split",
