@@ -376,3 +376,22 @@ def test_the_split_run_is_allowed_the_rounding_of_its_carried_state(name, varian
 
     w = Target(second_run_off, t.variant, dtype=dtype, params=dict(t.params), name="second run's state off")
     assert state_split(w, ex, causal=True).measured > 1.2
+
+
+def test_a_target_cannot_widen_the_split_rule_by_returning_a_larger_state():
+    """The rounding of the carried state that the rule allows is capped at twice that of the definition's state
+    (the target's own rounding would grow with a state it returns too large): a lightning that ignores its initial
+    state and returns a segment's final state 1000 times too large fails state-split on the bfloat16 input above."""
+    path = Path(__file__).parent / "data" / "lightning_bf16_carried_state_rounded.npz"
+    a = {key: np.asarray(x, dtype=np.float64) for key, x in np.load(path).items()}
+    ex = AttentionInputs(a.pop("q"), a.pop("k"), a.pop("v"), a, "outliers", "bfloat16", {})
+    t = builtin("lightning", dtype="bfloat16")
+
+    n = ex.q.shape[2]
+
+    def inflating(q, k, v, *, causal, initial_state=None, output_final_state=False, **kw):
+        res = t.fn(q, k, v, causal=causal, initial_state=None, output_final_state=output_final_state, **kw)
+        return (res[0], res[1] * 1000.0) if output_final_state and q.shape[2] < n else res
+
+    w = Target(inflating, t.variant, dtype="bfloat16", params=dict(t.params), name="segment state x 1000, S_0 ignored")
+    assert state_split(w, ex, causal=True).measured > 2

@@ -504,7 +504,12 @@ def state_split(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding
     b_out, b_st = state_bound(target, ex, s0)
     b1_out, b1_st = state_bound(target, first, s0)
     b2_out, b2_st = state_bound(target, second, carried)
-    r_out, r_st = propagation(target, second, np.abs(carried - s1))  # the carried state rounded to the dtype
+    # the carried state's rounding to the dtype, at most that of a state near the definition's (a target cannot
+    # widen the rule by returning a state far larger than the one it should carry)
+    with np.errstate(all="ignore"):
+        exact_t = np.asarray(_reference(target, first, F64, initial_state=s0)[1], dtype=np.float64)
+    rounding = np.minimum(np.abs(carried - s1), 2 * unit_roundoff(target.dtype) * np.abs(exact_t))
+    r_out, r_st = propagation(target, second, np.where(np.isfinite(rounding), rounding, 0.0))
     p_out, p_st = propagation(target, second, b1_st + np.abs(carried - s1))
     split_out = np.concatenate([o1, o2], axis=2)
     bound_out = b_out + np.concatenate([b1_out, b2_out + p_out], axis=2)
