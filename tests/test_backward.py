@@ -420,3 +420,21 @@ def test_gradcheck_holds_a_float64_target_to_the_definitions_gradients(variant, 
     assert not f.passed and f.measured > 5, f.details
     ok = check(f"builtin:{variant}", **kw)["gradcheck"]
     assert ok.passed and ok.details["computes_in"] == "float64", ok.details
+
+
+def test_gradcheck_of_a_float64_target_differentiates_its_plain_call_too():
+    """backward-agreement's rule calls a state-passing target with an initial state and its final state; a backward
+    wrong only on the plain call (dq 10% off; kernels branch on USE_INITIAL_STATE / STORE_FINAL_STATE) passed
+    gradcheck when the rule judged alone. Central differences of the plain call judge too: it fails."""
+    import gramcheck.variants as V
+
+    var = V.get("gla")
+
+    def plain_call_off(q, k, v, *, causal, g, initial_state=None, output_final_state=False):
+        if initial_state is None and not output_final_state:
+            q = q + 0.1 * (q - q.detach())
+        kw = {"initial_state": initial_state, "output_final_state": output_final_state}
+        return var.torch(q, k, v, causal=True, g=g, form="chunked", chunk_size=16, **kw)
+
+    f = check(plain_call_off, "gla", causal=True, dtype="float64", properties=["gradcheck"], seed=0)["gradcheck"]
+    assert not f.passed and "Jacobian mismatch" in f.details.get("error", ""), f.details

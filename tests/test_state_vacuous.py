@@ -18,7 +18,7 @@ from broken import (
 
 from gramcheck.inputs import draw_log_decay
 from gramcheck.precision import round_to
-from gramcheck.properties.state import initial_state_of, state_agreement, state_split
+from gramcheck.properties.state import initial_state_of, split_point, state_agreement, state_split
 from gramcheck.strategies import AttentionInputs
 from gramcheck.targets import Target, builtin
 
@@ -395,3 +395,33 @@ def test_a_target_cannot_widen_the_split_rule_by_returning_a_larger_state():
 
     w = Target(inflating, t.variant, dtype="bfloat16", params=dict(t.params), name="segment state x 1000, S_0 ignored")
     assert state_split(w, ex, causal=True).measured > 2
+
+
+def test_the_second_segments_floor_is_taken_at_the_definitions_state_not_the_targets():
+    """deltanet, float32, d_k = d_v = 1, N = 20, beta = 1 (each write erases the state exactly), raw keys of ~1000:
+    with the second segment's floor taken at the carried state the target returned, a target whose first segment
+    returns its final state 1e6 times too large (erased by the next write, so costing nothing) widened its own
+    floor and passed state-split (0.05; also with the second run's outputs 10% off, 0.37). The floor is taken at
+    the definition's state at t: both fail."""
+    rng = np.random.default_rng(0)
+    n = 20
+    q, k, v = (rng.standard_normal((1, 1, n, 1)) for _ in range(3))
+    beta = {"beta": np.ones((1, 1, n))}
+    ex = AttentionInputs(*(round_to(x, "float32") for x in (q, 1000 * k, v)), beta, "degenerate", "float32", {})
+    t = builtin("deltanet", dtype="float32")
+    ts = split_point(ex)
+
+    def wrong(eps):
+        def fn(q, k, v, *, causal, initial_state=None, output_final_state=False, **kw):
+            o, s = t.fn(q, k, v, causal=causal, initial_state=initial_state, output_final_state=True, **kw)
+            if q.shape[2] == ts:
+                s = s * 1e6
+            if q.shape[2] == n - ts and initial_state is not None:
+                o = o * (1 + eps)
+            return (o, s) if output_final_state else o
+
+        return Target(fn, t.variant, dtype="float32", params=dict(t.params), name=f"carried x 1e6, outputs x {1 + eps}")
+
+    assert state_split(t, ex, causal=True).passed
+    for eps in (0.0, 0.1):
+        assert state_split(wrong(eps), ex, causal=True).measured > 10

@@ -521,9 +521,11 @@ def state_split(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding
     rule: tuple[np.ndarray, np.ndarray] = (np.zeros_like(vac.out), np.zeros_like(vac.state))
     if vac.any:
         truths, rads = state_truth(target, ex, s0, vac.truth_request((bound_out, bound_st)))
-        # the split run's second segment starts from the carried state: its terms count from t on
+        # the split run's second segment starts from the carried state: its terms count from t on, at the
+        # definition's state there (the target's own could widen the rule: a state erased by the next write)
         t_full, t_first, t_second = (
-            initial_state_terms(target, seg, s) for seg, s in ((ex, s0), (first, s0), (second, carried))
+            initial_state_terms(target, seg, s)
+            for seg, s in ((ex, s0), (first, s0), (second, np.where(np.isfinite(exact_t), exact_t, 0.0)))
         )
         split_terms = np.concatenate(
             [np.broadcast_to(t_first[0], np.shape(o1)), np.broadcast_to(t_second[0], np.shape(o2))], axis=2
