@@ -123,7 +123,7 @@ def test_float32_internal_targets_pass_gradient_checks_and_say_so(fn, name):
 def test_a_float32_internal_target_with_large_outputs_passes_gradcheck(seed):
     """RWKV-6's bonus u draws values up to ~200, so outputs reach ~400 and float32 rounding moves central
     differences of step 1e-3 by ~0.03, beyond a fixed atol of 5e-3 (a false alarm). The float32 computation's
-    gradients are judged by backward-agreement's float32 rule instead (``gradients.rule_gradients``), and a
+    gradients are judged by backward-agreement's float32 rule instead (``gradients.float32_gradients``), and a
     dq 5% off still fails."""
     from broken import rwkv6_in_float32_with_dq_five_percent_off
     from correct_lowprec import rwkv6_in_float32

@@ -239,7 +239,7 @@ def judge_backward(target: Target, ex: AttentionInputs, *, causal: bool, dtype: 
     """``backward_agreement``'s judgment with the rule of ``dtype``: the target called in its own dtype on ``ex``
     (representable in ``dtype``), its gradients held to the rule in ``dtype`` (the yardstick: the definition's
     gradients in ``dtype``; the floor: ``dtype``'s unit roundoff). ``dtype`` is the target's own for this
-    property, the internal precision of a float64 target for gradcheck (``gradients.rule_gradients``)."""
+    property, float32 for a float64 target that computes in float32 inside (``gradients.float32_gradients``)."""
     if _undefined(target, ex, causal):
         return None
     arrays: dict[str, np.ndarray] = {"q": ex.q, "k": ex.k, "v": ex.v, **ex.extras}

@@ -104,15 +104,15 @@ def _verdict(name: str, passed: bool, ex: AttentionInputs, **details: Any) -> Fi
 
 @guarded("gradcheck")
 def gradcheck(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding | None:
-    """The float64 target's gradients with respect to q, k, v and the differentiable extra inputs (decays, gates,
-    bonus: a wrong dg or dbeta is wrong in float64 too, and backward-agreement leaves float64 targets to this
-    property). torch.autograd.gradcheck compares the plain call's with central differences, each row of the
-    Jacobian held to its own output's rounding noise over the difference step (``difference_weights``). Where the
-    definition is smooth they are also held to backward-agreement's rule in the precision the target computes in
-    (``internal_precision``, ``rule_gradients``): in float64 both judge (the rule sees errors of 1e-4 that the
-    differences' rtol of 1e-3 passes; the differences see the plain call of a state-passing target and gradients
-    that cancel below the rule's floor); in float32 the rule alone (central differences of a float32 computation
-    resolve too little)."""
+    """torch.autograd.gradcheck of the target in float64 (analytic against central differences), with respect to
+    q, k, v and the differentiable extra inputs (decays, gates, bonus: a wrong dg or dbeta is wrong in float64
+    too, and backward-agreement leaves float64 targets to this property). A target that computes in float32
+    inside (``internal_precision``) has its float32 gradients judged by backward-agreement's float32 rule where
+    that applies (``float32_gradients``); elsewhere each row of the Jacobian is held to its own output's
+    rounding noise over the difference step (``difference_weights``)."""
+    torch = _torch()
+    from torch.autograd.gradcheck import GradcheckError
+
     from .backward import smooth_definition
 
     if _undefined(target, ex, causal):
@@ -122,24 +122,8 @@ def gradcheck(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding |
         return no_grad
     prec = internal_precision(target, ex, causal)
     info: dict[str, Any] = {"computes_in": prec}
-    if prec in RULE_DTYPES and smooth_definition(target.variant, causal, dict(target.params)):
-        judged = rule_gradients(target, ex, causal, info, prec)
-        if prec != "float64" or (judged is not None and not judged.passed):
-            return judged
-        differences = central_differences(target, ex, causal, prec, info)
-        return differences if judged is None or not differences.passed else judged
-    return central_differences(target, ex, causal, prec, info)
-
-
-def central_differences(
-    target: Target, ex: AttentionInputs, causal: bool, prec: str, info: dict[str, Any]
-) -> Finding:
-    """torch.autograd.gradcheck of the plain float64 call with the tolerances of ``prec``, each output's row held
-    to that output's rounding noise over the step (``difference_weights``)."""
-    torch = _torch()
-    from torch.autograd.gradcheck import GradcheckError
-
-    info = dict(info)
+    if prec == "float32" and smooth_definition(target.variant, causal, dict(target.params)):
+        return float32_gradients(target, ex, causal, info)
     t = target.tensors({"q": ex.q, "k": ex.k, "v": ex.v, **ex.extras}, requires_grad=True, dtype="float64")
     q, k, v = t.pop("q"), t.pop("k"), t.pop("v")
     if prec != "float64":
@@ -168,37 +152,24 @@ def central_differences(
         return _verdict("gradcheck", False, ex, error=str(err).splitlines()[0][:300], **info)
 
 
-RULE_DTYPES = ("float32", "float64")  # internal precisions whose gradients backward-agreement's rule judges
-
-
-def rule_gradients(
-    target: Target, ex: AttentionInputs, causal: bool, info: dict[str, Any], prec: str
-) -> Finding | None:
-    """gradcheck's judgment of a float64 target whose definition is smooth: the target called in float64 (the
-    call that is certified), its gradients held to backward-agreement's rule against the definition's float64
-    gradients (proofs/backward-agreement.md, proofs/jacobian-bounds.md). ``prec`` float32 (the target computes
-    in float32 inside): on the example rounded to float32, with the definition's own float32 gradients as the
-    yardstick; central differences of a float32 computation resolve a Jacobian entry only to about
-    u_32 |f| / eps (a bonus of 1000 in RWKV-6 makes every output row's noise larger than dg). ``prec`` float64:
-    the floor of a float32 accumulator (the rule's floor in every dtype) against the definition's float64
-    gradients, 10^4 times tighter than central differences' rtol of 1e-3, which passed a dq 0.05% off."""
+def float32_gradients(target: Target, ex: AttentionInputs, causal: bool, info: dict[str, Any]) -> Finding | None:
+    """gradcheck's judgment of a float64 target that computes in float32 inside: the target called in float64 (the
+    call that is certified) on the example rounded to float32, its gradients held to backward-agreement's rule in
+    float32, against the definition's float64 gradients with the definition's own float32 gradients as the
+    yardstick (proofs/backward-agreement.md). Central differences of a float32 computation resolve a Jacobian
+    entry only to about u_32 |f| / eps: a bonus of 1000 (RWKV-6) makes every output row's noise larger than dg."""
     from ..precision import round_to
     from .backward import judge_backward
 
-    if prec == "float32":
-        rounded = {n: round_to(np.asarray(x, dtype=np.float64), "float32") for n, x in ex.extras.items()}
-        ex = replace(
-            ex, q=round_to(ex.q, "float32"), k=round_to(ex.k, "float32"), v=round_to(ex.v, "float32"),
-            extras=rounded, dtype="float32",
-        )  # fmt: skip
-    f = judge_backward(target, ex, causal=causal, dtype=prec)
+    rounded = {n: round_to(np.asarray(x, dtype=np.float64), "float32") for n, x in ex.extras.items()}
+    ex32 = replace(
+        ex, q=round_to(ex.q, "float32"), k=round_to(ex.k, "float32"), v=round_to(ex.v, "float32"),
+        extras=rounded, dtype="float32",
+    )  # fmt: skip
+    f = judge_backward(target, ex32, causal=causal, dtype="float32")
     if f is None:
         return None
-    note = (
-        "computes in float32 internally: its gradients judged by backward-agreement's float32 rule"
-        if prec == "float32"
-        else "gradients judged against the definition's by backward-agreement's rule (float32 accumulator floor)"
-    )
+    note = "computes in float32 internally: its gradients judged by backward-agreement's float32 rule"
     own = f.details.get("note")
     return replace(f, name="gradcheck", details={**f.details, **info, "note": note + (f"; {own}" if own else "")})
 
