@@ -390,9 +390,8 @@ class Target:
         arrays = {"q": q, "k": k, "v": v, **extras}
         if initial_state is not None:
             arrays["initial_state"] = initial_state
-        keyed = {**{f"input {n}": x for n, x in arrays.items()}, "cu_seqlens": cu_seqlens}
         run = lambda: self._numpy_run(arrays, causal, output_final_state, cu_seqlens)  # noqa: E731
-        return taped(self, "run", (causal, output_final_state), keyed, run)
+        return taped(self, "run", (causal, output_final_state), arrays, run, {"cu_seqlens": cu_seqlens})
 
     def _numpy_run(self, arrays: dict[str, Any], causal: bool, output_final_state: bool, cu_seqlens: Any) -> Any:
         torch = _torch()
@@ -464,13 +463,23 @@ def replayed_calls() -> Iterator[Callable[[], Any]]:
 
 
 def taped(
-    target: Target, kind: str, options: tuple[Any, ...], arrays: Mapping[str, Any], call: Callable[[], Any]
+    target: Target,
+    kind: str,
+    options: tuple[Any, ...],
+    inputs: Mapping[str, Any],
+    call: Callable[[], Any],
+    others: Mapping[str, Any] | None = None,
 ) -> Any:
     """``call()``, a computation through ``target`` (its call, its backward) whose NumPy result (arrays, or tuples,
-    lists and dicts of them) depends only on ``options`` and ``arrays``; inside a judgment made twice
-    (``replayed_calls``), recorded in the first and replayed in the second."""
+    lists and dicts of them) depends only on ``options``, the target's ``inputs`` and the ``others`` arrays (loss
+    weights, packed offsets); inside a judgment made twice (``replayed_calls``), recorded in the first and replayed
+    in the second. Inputs are keyed apart from the others, so that an input named like one (fla's ``w``, RWKV's
+    decay) cannot share another call's key."""
     tape = _TAPE.get()
-    return call() if tape is None else tape.play(_call_key(target, kind, options, arrays), call)
+    if tape is None:
+        return call()
+    arrays = {**{f"input {n}": x for n, x in inputs.items()}, **(others or {})}
+    return tape.play(_call_key(target, kind, options, arrays), call)
 
 
 def _call_key(target: Target, kind: str, options: tuple[Any, ...], arrays: Mapping[str, Any]) -> bytes:

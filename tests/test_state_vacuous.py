@@ -23,6 +23,12 @@ from gramcheck.strategies import AttentionInputs
 from gramcheck.targets import Target, builtin
 
 
+def _saved(name: str, kind: str, dtype: str) -> AttentionInputs:
+    """A saved input of tests/data (q, k, v and the extra inputs) as drawn in ``dtype``."""
+    a = {key: np.asarray(x, dtype=np.float64) for key, x in np.load(Path(__file__).parent / "data" / name).items()}
+    return AttentionInputs(a.pop("q"), a.pop("k"), a.pop("v"), a, kind, dtype, {})
+
+
 def _recurrent_gla(q, k, v, *, causal, g, initial_state=None, output_final_state=False):
     import gramcheck.variants as V
 
@@ -93,9 +99,7 @@ def test_outputs_past_the_dtypes_range_are_no_failure_of_the_state_properties():
     it, as agreement does (``output_distance``), the two runs' equal infinities agree, S_0 stays below a sixteenth
     of the overflow threshold, and the rule in norm leaves entries past the range to that distance: the builtin
     passes both; a final state 3% off and a target that drops S_0 fail."""
-    path = Path(__file__).parent / "data" / "gla_f16_outliers_past_range.npz"
-    a = {key: np.asarray(x, dtype=np.float64) for key, x in np.load(path).items()}
-    ex = AttentionInputs(a.pop("q"), a.pop("k"), a.pop("v"), a, "outliers", "float16", {})
+    ex = _saved("gla_f16_outliers_past_range.npz", "outliers", "float16")
     t = builtin("gla", dtype="float16")
     assert np.isinf(t(ex.q, ex.k, ex.v, causal=True, **ex.extras)).any()
     assert state_agreement(t, ex, causal=True).passed and state_split(t, ex, causal=True).passed
@@ -132,9 +136,7 @@ def test_entries_whose_definition_overflows_in_the_dtype_are_unjudged_not_failed
     state fails, and so does one of those entries zeroed (a hostile review passed it at 0.12): it is still held
     to its own worst-case bound, vacuous but finite (1.17). state-split, whose carried state (2.4e5) float16
     cannot hold, draws no example here."""
-    path = Path(__file__).parent / "data" / "gla_f16_heavy_tail_state_past_range.npz"
-    a = {key: np.asarray(x, dtype=np.float64) for key, x in np.load(path).items()}
-    ex = AttentionInputs(a.pop("q"), a.pop("k"), a.pop("v"), a, "heavy-tail", "float16", {})
+    ex = _saved("gla_f16_heavy_tail_state_past_range.npz", "heavy-tail", "float16")
     t = builtin("gla", dtype="float16")
     f = state_agreement(t, ex, causal=True)
     assert f.passed and f.details["unjudged_entries"]["final_state"] > 0, f.details
@@ -194,9 +196,7 @@ def test_two_runs_that_round_one_value_to_65504_and_to_inf_agree(monkeypatch):
     to it (``_diff`` with the dtype, as ``agreement.output_distance``): the builtin passes; read as inf, it fails."""
     import gramcheck.properties.state as S
 
-    path = Path(__file__).parent / "data" / "lightning_f16_heavy_tail_near_overflow.npz"
-    a = {key: np.asarray(x, dtype=np.float64) for key, x in np.load(path).items()}
-    ex = AttentionInputs(a.pop("q"), a.pop("k"), a.pop("v"), a, "heavy-tail", "float16", {})
+    ex = _saved("lightning_f16_heavy_tail_near_overflow.npz", "heavy-tail", "float16")
     t = builtin("lightning", dtype="float16")
     assert state_split(t, ex, causal=True).passed
     plain = S._diff
@@ -258,20 +258,13 @@ def test_the_delta_rules_explicit_inverse_is_a_yardstick_of_the_state():
     and the rule in norm failed the builtin at 2.9. The chunk's inverse formed explicitly (fla's solve_tril,
     transformers' torch_chunk_gated_delta_rule) is a standard algorithm too, and errs as much there
     (``deltanet.chunked_inverse_reference``): the builtin passes, a final state 2^-10 off still fails."""
-    path = Path(__file__).parent / "data" / "gated_deltanet_f32_d1_long_memory.npz"
-    a = {key: np.asarray(x, dtype=np.float64) for key, x in np.load(path).items()}
-    ex = AttentionInputs(a.pop("q"), a.pop("k"), a.pop("v"), a, "long", "float32", {})
+    ex = _saved("gated_deltanet_f32_d1_long_memory.npz", "long", "float32")
     t = builtin("gated-deltanet", dtype="float32")
     f = state_agreement(t, ex, causal=True)
     assert f.passed and f.details["entry"] == "final_state[0,0] in norm", f.details
     assert f.measured > 0.1, f.measured  # judged, and not loosely
 
     assert state_agreement(_final_state_times(t, 1 + 2.0**-10), ex, causal=True).measured > 1
-
-
-def _saved_deltanet(name: str) -> AttentionInputs:
-    a = {key: np.asarray(x, dtype=np.float64) for key, x in np.load(Path(__file__).parent / "data" / name).items()}
-    return AttentionInputs(a.pop("q"), a.pop("k"), a.pop("v"), a, "outliers", "float32", {})
 
 
 @pytest.mark.parametrize(
@@ -291,7 +284,7 @@ def test_the_state_rule_floors_at_the_terms_of_the_initial_state(monkeypatch, na
     (``initial_state_terms``): the builtin passes, and final states 2^-8 and 2^-12 relative off fail."""
     from gramcheck.properties import state
 
-    ex = _saved_deltanet(name)
+    ex = _saved(name, "outliers", "float32")
     t = builtin("deltanet", dtype="float32")
     f = state_agreement(t, ex, causal=True)
     assert f.passed and f.details["entry"] == f"{entry} in norm", f.details
@@ -334,7 +327,7 @@ def test_the_split_runs_second_segment_is_floored_at_the_terms_of_its_carried_st
     second run whose final state is 2^-8 relative off fails."""
     from gramcheck.properties import state
 
-    ex = _saved_deltanet("deltanet_f32_d1_carried_state_erased.npz")
+    ex = _saved("deltanet_f32_d1_carried_state_erased.npz", "outliers", "float32")
     t = builtin("deltanet", dtype="float32")
     f = state_split(t, ex, causal=True)
     assert f.passed and f.details["split"] == 7 and f.details["initial_state"] == "none", f.details
@@ -361,9 +354,8 @@ def test_the_split_run_is_allowed_the_rounding_of_its_carried_state(name, varian
     segment, was in the worst-case bound but not in the rule in norm, which held the split run to the yardsticks
     of one unbroken run: the builtins failed at 163 (lightning, bfloat16, outliers of 100, split at 8) and 18
     (mamba2, float16, heavy tails, split at 1). The rule now adds that propagation in norm (``propagation`` of
-    |carried - S_t|): both pass, and a second run whose final state is 3% (2^-7) off fails."""
-    a = {key: np.asarray(x, dtype=np.float64) for key, x in np.load(Path(__file__).parent / "data" / name).items()}
-    ex = AttentionInputs(a.pop("q"), a.pop("k"), a.pop("v"), a, "outliers", dtype, {})
+    |carried - S_t|): both pass, and a second run whose final state is 3% (2^-5) or 2^-7 off fails."""
+    ex = _saved(name, "outliers", dtype)
     t = builtin(variant, dtype=dtype)
     f = state_split(t, ex, causal=True)
     assert f.passed, f.details
@@ -382,9 +374,7 @@ def test_a_target_cannot_widen_the_split_rule_by_returning_a_larger_state():
     """The rounding of the carried state that the rule allows is capped at twice that of the definition's state
     (the target's own rounding would grow with a state it returns too large): a lightning that ignores its initial
     state and returns a segment's final state 1000 times too large fails state-split on the bfloat16 input above."""
-    path = Path(__file__).parent / "data" / "lightning_bf16_carried_state_rounded.npz"
-    a = {key: np.asarray(x, dtype=np.float64) for key, x in np.load(path).items()}
-    ex = AttentionInputs(a.pop("q"), a.pop("k"), a.pop("v"), a, "outliers", "bfloat16", {})
+    ex = _saved("lightning_bf16_carried_state_rounded.npz", "outliers", "bfloat16")
     t = builtin("lightning", dtype="bfloat16")
 
     n = ex.q.shape[2]

@@ -154,8 +154,7 @@ def target_gradients(
             loss = _loss(res, torch.as_tensor(w), None if ws is None else torch.as_tensor(ws))
             return _grads(loss, leaves, target, cut), cut
 
-    keyed = {**{f"input {n}": x for n, x in arrays.items()}, "loss w": w, "loss ws": ws}
-    grads, cut = taped(target, "gradients", (causal, tuple(names)), keyed, run)
+    grads, cut = taped(target, "gradients", (causal, tuple(names)), arrays, run, {"loss w": w, "loss ws": ws})
     if missing is not None:
         missing.extend(cut)
     return grads

@@ -216,8 +216,8 @@ def _packed_gradients(
         }
 
     s0 = None if s0s is None else np.concatenate(s0s, axis=0)
-    keyed = {**{f"input {n}": x for n, x in arrays.items()}, "loss w": w, "cu_seqlens": cu, "initial_state": s0}
-    return taped(target, "packed-gradients", (causal, tuple(names)), keyed, run)
+    others = {"loss w": w, "cu_seqlens": cu, "initial_state": s0}
+    return taped(target, "packed-gradients", (causal, tuple(names)), arrays, run, others)
 
 
 @guarded("packing-isolation")

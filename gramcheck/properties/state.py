@@ -504,12 +504,6 @@ def state_split(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding
     b_out, b_st = state_bound(target, ex, s0)
     b1_out, b1_st = state_bound(target, first, s0)
     b2_out, b2_st = state_bound(target, second, carried)
-    # the carried state's rounding to the dtype, at most that of a state near the definition's (a target cannot
-    # widen the rule by returning a state far larger than the one it should carry)
-    with np.errstate(all="ignore"):
-        exact_t = np.asarray(_reference(target, first, F64, initial_state=s0)[1], dtype=np.float64)
-    rounding = np.minimum(np.abs(carried - s1), 2 * unit_roundoff(target.dtype) * np.abs(exact_t))
-    r_out, r_st = propagation(target, second, np.where(np.isfinite(rounding), rounding, 0.0))
     p_out, p_st = propagation(target, second, b1_st + np.abs(carried - s1))
     split_out = np.concatenate([o1, o2], axis=2)
     bound_out = b_out + np.concatenate([b1_out, b2_out + p_out], axis=2)
@@ -521,16 +515,22 @@ def state_split(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding
     rule: tuple[np.ndarray, np.ndarray] = (np.zeros_like(vac.out), np.zeros_like(vac.state))
     if vac.any:
         truths, rads = state_truth(target, ex, s0, vac.truth_request((bound_out, bound_st)))
-        # the split run's second segment starts from the carried state: its terms count from t on, at the
-        # definition's state there (the target's own could widen the rule: a state erased by the next write)
+        # the definition's state at t, not the target's: a target could widen the rule with a state it returns
+        # too large (erased by the next write at no cost)
+        with np.errstate(all="ignore"):
+            exact_t = np.asarray(_reference(target, first, F64, initial_state=s0)[1], dtype=np.float64)
+        exact_t = np.where(np.isfinite(exact_t), exact_t, 0.0)
+        # the second segment starts from the carried state: its terms count from t on
         t_full, t_first, t_second = (
-            initial_state_terms(target, seg, s)
-            for seg, s in ((ex, s0), (first, s0), (second, np.where(np.isfinite(exact_t), exact_t, 0.0)))
+            initial_state_terms(target, seg, s) for seg, s in ((ex, s0), (first, s0), (second, exact_t))
         )
         split_terms = np.concatenate(
             [np.broadcast_to(t_first[0], np.shape(o1)), np.broadcast_to(t_second[0], np.shape(o2))], axis=2
         )
         terms = (np.maximum(t_full[0], split_terms), np.maximum(t_full[1], t_second[1]))
+        # the carried state's rounding to the dtype, at most that of the definition's state
+        rounding = np.minimum(np.abs(carried - s1), 2 * unit_roundoff(target.dtype) * np.abs(exact_t))
+        r_out, r_st = propagation(target, second, np.where(np.isfinite(rounding), rounding, 0.0))
         slack = (np.concatenate([np.zeros(np.shape(o1)), r_out], axis=2), r_st)
         rule_parts, rule = vac.rule_parts(target, ex, s0, truths, rads, diffs, 2.0, terms, slack)
         parts.update(rule_parts)
