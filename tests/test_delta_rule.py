@@ -663,12 +663,15 @@ def test_enclosure_survives_underflow(case):
 # the chunked WY / UT algorithm as the low-precision rules' second yardstick (proofs/low-precision-rule.md)
 # --------------------------------------------------------------------------------------------------
 def test_the_chunked_algorithm_sets_the_yardstick_at_unit_keys():
-    """d_k = 2, N = 48, float32: the builtin chunked form errs more than twice the definition's recurrence
-    (its triangular system is ill-conditioned when keys are nearly parallel), so a yardstick of the
-    definition alone flags it (measured 1.09); with the chunked algorithm in the dtype as a second
-    yardstick it passes, and an output 2^-16 relative off on every entry still fails."""
+    """d_k = 2, N = 48, float32: the chunked algorithm errs more than twice the definition's recurrence (its
+    triangular system is ill-conditioned when keys are nearly parallel), so a yardstick of the definition alone
+    flags it: the shim's chunked algorithm in float32 as a target measures 1.30 against it (the builtin chunked
+    form measured 1.09 on the CPU where the input was found; its torch kernels round otherwise elsewhere). With
+    the chunked algorithm in the dtype as a second yardstick both pass, and an output 2^-16 relative off on
+    every entry still fails."""
     import dataclasses
 
+    from gramcheck.arith import RoundedArith
     from gramcheck.targets import builtin
 
     var = V.get("deltanet")
@@ -679,12 +682,15 @@ def test_the_chunked_algorithm_sets_the_yardstick_at_unit_keys():
     t = builtin("deltanet", dtype="float32", form="chunked")
     out = t.call_torch(*(torch.as_tensor(x, **f32) for x in (q, k, v)), causal=True, beta=torch.as_tensor(beta, **f32))
     out = out.double().numpy()
+    ar = RoundedArith("float32")
+    chunked = ar.stored(var.algorithms(q, k, v, causal=True, arith=ar, beta=beta)[0])
 
     def measured(variant, o):
         f = check_agreement("agreement", o, variant, q, k, v, causal=True, dtype="float32", beta=beta)
         assert f.details["rule"] == "low-precision rule", f.details
         return f.measured
 
-    assert measured(dataclasses.replace(var, algorithms_fn=()), out) > 1.0
-    assert measured(var, out) < 0.5
-    assert measured(var, round_to(out * (1 + 2.0**-16), "float32")) > 10.0
+    assert measured(dataclasses.replace(var, algorithms_fn=()), chunked) > 1.0
+    assert measured(var, chunked) < 0.5
+    assert measured(var, out) < 1.0
+    assert measured(var, round_to(chunked * (1 + 2.0**-16), "float32")) > 10.0

@@ -71,7 +71,8 @@ def test_propagation_term_is_exact_for_nonnegative_queries():
 def test_propagation_bounds_a_state_error_through_the_delta_rules_signed_transitions(name):
     """The delta rule's transitions alpha (I - beta k k^T) are signed: the reference run on err (>= 0), as
     ``propagation`` did for every variant, is not a bound on the change of out and S_N over |E| <= err (found
-    here for some sign pattern of E); the column-norm bound of contracting transitions is, for every pattern."""
+    here for some sign pattern of E). |s q_t^T P_t| err and |P_N| err (``transitions``) are, and are tight: every
+    entry's bound is attained by some sign pattern (a column-norm bound, used before, is not tight)."""
     rng = np.random.default_rng(1)
     q, k, v = rng.standard_normal((3, 1, 1, 8, 2))
     extras = {"beta": rng.uniform(0.5, 2.0, (1, 1, 8))}
@@ -87,14 +88,18 @@ def test_propagation_bounds_a_state_error_through_the_delta_rules_signed_transit
     signed = var.reference(np.abs(q), k, np.zeros_like(v), initial_state=err, **kw)
     o, st = var.reference(q, k, v, initial_state=s0, **kw)
     missed = False
+    reach_out, reach_st = np.zeros_like(p_out), np.zeros_like(p_st)
     for signs in itertools.product((-1.0, 1.0), repeat=4):
         e = err * np.reshape(signs, (1, 1, 2, 2))
         o2, st2 = var.reference(q, k, v, initial_state=s0 + e, **kw)
         assert np.all(np.abs(o2 - o) <= p_out), (signs, np.abs(o2 - o) / p_out)
         assert np.all(np.abs(st2 - st) <= p_st), (signs, np.abs(st2 - st) / p_st)
+        reach_out, reach_st = np.maximum(reach_out, np.abs(o2 - o)), np.maximum(reach_st, np.abs(st2 - st))
         missed |= bool(np.any(np.abs(o2 - o) > 2 * np.abs(signed[0])))
         missed |= bool(np.any(np.abs(st2 - st) > 2 * np.abs(signed[1])))
     assert missed
+    np.testing.assert_allclose(reach_out, p_out, rtol=1e-9)
+    np.testing.assert_allclose(reach_st, p_st, rtol=1e-9)
 
 
 def test_split_points_reach_chunk_boundaries():

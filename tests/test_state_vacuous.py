@@ -46,6 +46,28 @@ def _final_state_times(t: Target, factor: float) -> Target:
     return Target(fn, t.variant, dtype=t.dtype, params=dict(t.params), name=f"final state x {factor}")
 
 
+def _final_state_erring(t: Target, multiple: float, when=lambda initial_state: initial_state is not None) -> Target:
+    """The target ``t`` whose final state, from an initial state S_0 (where ``when(initial_state)``), is the
+    definition's rounded to the dtype plus ``multiple`` u_32 |S_0| on every entry: what a chunked algorithm that
+    rounds the terms of S_0 it combines errs, whatever the CPU's own kernels happen to err on the input."""
+    import torch
+
+    def fn(q, k, v, *, causal, initial_state=None, output_final_state=False, **kw):
+        res = t.fn(q, k, v, causal=causal, initial_state=initial_state, output_final_state=output_final_state, **kw)
+        if not output_final_state or not when(initial_state):
+            return res
+        a = {n: x.detach().double().numpy() for n, x in {"q": q, "k": k, "v": v, **kw}.items()}
+        s0 = initial_state.detach().double().numpy()
+        _, st = t.variant.reference(
+            a.pop("q"), a.pop("k"), a.pop("v"), causal=True, initial_state=s0, output_final_state=True,
+            **t.params, **a,
+        )  # fmt: skip
+        st = round_to(st + multiple * 2.0**-24 * np.abs(s0), t.dtype)
+        return res[0], torch.as_tensor(st).to(res[1].dtype)
+
+    return Target(fn, t.variant, dtype=t.dtype, params=dict(t.params), name=f"S_N erring {multiple} u |S_0|")
+
+
 def _long(dtype: str) -> AttentionInputs:
     rng = np.random.default_rng(0)
     q, k, v = (round_to(rng.standard_normal((1, 2, 300, 16)), dtype) for _ in range(3))
@@ -254,34 +276,36 @@ def test_a_state_past_the_dtypes_range_is_read_as_the_threshold_by_state_bound()
 
 def test_the_delta_rules_explicit_inverse_is_a_yardstick_of_the_state():
     """gated-deltanet, float32, d_k = d_v = 1, N = 160, long-memory gates (the state sweep's seed 2): |S_N| = 1.07
-    is one entry; the builtin's chunked form errs 7 u of it, the definition and the chunked substitution 0.3 u,
-    and the rule in norm failed the builtin at 2.9. The chunk's inverse formed explicitly (fla's solve_tril,
-    transformers' torch_chunk_gated_delta_rule) is a standard algorithm too, and errs as much there
+    is one entry; the builtin's chunked form erred 7 u of it on the machine where the input was found (its torch
+    kernels sum in another order elsewhere: 0.3 u on another CPU), the definition and the chunked substitution
+    0.3 u, and the rule in norm failed the builtin at 2.9. The chunk's inverse formed explicitly (fla's
+    solve_tril, transformers' torch_chunk_gated_delta_rule) is a standard algorithm too, and errs as much there
     (``deltanet.chunked_inverse_reference``): the builtin passes, a final state 2^-10 off still fails."""
     ex = _saved("gated_deltanet_f32_d1_long_memory.npz", "long", "float32")
     t = builtin("gated-deltanet", dtype="float32")
     f = state_agreement(t, ex, causal=True)
-    assert f.passed and f.details["entry"] == "final_state[0,0] in norm", f.details
-    assert f.measured > 0.1, f.measured  # judged, and not loosely
+    assert f.passed and f.measured > 0.1, f.details  # judged, and not loosely
 
     assert state_agreement(_final_state_times(t, 1 + 2.0**-10), ex, causal=True).measured > 1
 
 
 @pytest.mark.parametrize(
-    ("name", "entry", "wrong", "without"),
+    ("name", "entry", "wrong", "chunked", "without"),
     [
-        ("deltanet_f32_d1_erased_large_state.npz", "final_state[0,0]", 2.0**-8, 4),
-        ("deltanet_f32_d1_state_terms_summed.npz", "final_state[0,1]", 2.0**-12, 1.5),
+        ("deltanet_f32_d1_erased_large_state.npz", "final_state[0,0]", 2.0**-8, 1.4, 4),
+        ("deltanet_f32_d1_state_terms_summed.npz", "final_state[0,1]", 2.0**-12, 4.6, 1.5),
     ],
 )
-def test_the_state_rule_floors_at_the_terms_of_the_initial_state(monkeypatch, name, entry, wrong, without):
+def test_the_state_rule_floors_at_the_terms_of_the_initial_state(monkeypatch, name, entry, wrong, chunked, without):
     """deltanet, float32, d_k = d_v = 1, N = 11 and 15, S_0 of 1622 and 60-166 (drawn at max|k| max|v| of raw keys
     the variant normalises to +-1) reduced to |S_N| ~ 0.5-1 by writes of beta = 1 on unit keys, which erase S_0
     in exact arithmetic. The chunked algorithm still combines S_0 into every token's correction and sums those
-    terms into S_N: the builtin's chunked form errs 1.4 u |S_0| and 4.6 u |S_0| there, the recurrence and the
-    yardstick's chunked algorithms 0.17 u |S_0| and 1.3 u |S_0| or less (their roundings cancel by luck), and the
-    rule, floored at u |truth|, failed the builtin at 4.3 and 1.8. The floor counts those terms in the first chunk
-    (``initial_state_terms``): the builtin passes, and final states 2^-8 and 2^-12 relative off fail."""
+    terms into S_N: the builtin's chunked form erred 1.4 u |S_0| and 4.6 u |S_0| there on the CPU where the inputs
+    were found, the recurrence and the yardstick's chunked algorithms 0.17 u |S_0| and 1.3 u |S_0| or less (their
+    roundings cancel by luck), and the rule, floored at u |truth|, failed the builtin at 4.3 and 1.8. A target
+    erring as much (``_final_state_erring``, the same on every CPU) fails without the floor and passes with it,
+    as the builtin does; the floor counts those terms in the first chunk (``initial_state_terms``), and final
+    states 2^-8 and 2^-12 relative off fail."""
     from gramcheck.properties import state
 
     ex = _saved(name, "outliers", "float32")
@@ -289,15 +313,20 @@ def test_the_state_rule_floors_at_the_terms_of_the_initial_state(monkeypatch, na
     f = state_agreement(t, ex, causal=True)
     assert f.passed and f.details["entry"] == f"{entry} in norm", f.details
     assert state_agreement(_final_state_times(t, 1 + wrong), ex, causal=True).measured > 2
+    noisy = _final_state_erring(t, chunked)
+    f = state_agreement(noisy, ex, causal=True)
+    assert f.passed and f.measured > 0.1, f.details
     monkeypatch.setattr(state, "initial_state_terms", lambda *a: (0.0, 0.0))
-    assert state_agreement(t, ex, causal=True).measured > without
+    assert state_agreement(noisy, ex, causal=True).measured > without
 
 
-def test_the_floor_stops_at_the_first_chunk_where_writes_erase_the_initial_state():
-    """deltanet, float32, d_k = d_v = 2, N = 100, one token's key and value 300 times the others: past the first
-    chunk, erasing writes remove S_0 and its rounding alike, and a floor at u |S_0| there passed a final state 1%
-    off (0.86) and a state-split whose second run's final state is 1% off (0.43). The floor ends at the first
-    chunk of 64 tokens for contracting transitions: both fail by far, and the builtin passes."""
+def test_past_the_first_chunk_the_floor_follows_the_transitions():
+    """deltanet, float32, d_k = d_v = 2, N = 100, one token's key and value 300 times the others. Past the first
+    chunk of 64 tokens the floor is the rounding left at its end, carried on by the transitions' product |P| (a
+    write erases it with S_0, a write of beta = 0 keeps it). A floor at u |S_0| at every token passed a final state
+    1% off (0.86) and a state-split whose second run's final state is 1% off (0.43); with the floor ending at the
+    first chunk, a correct chunk-64 form failed at N = 65, S_0 of 8369 erased by the first chunk and beta = 0 at
+    the 65th token (1.2). Now both wrong targets fail by far and both correct forms pass."""
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((1, 1, 100, 2)) for _ in range(3))
     i = rng.integers(0, 50)
@@ -307,7 +336,7 @@ def test_the_floor_stops_at_the_first_chunk_where_writes_erase_the_initial_state
     ex = AttentionInputs(*(round_to(x, "float32") for x in (q, k, v)), {"beta": beta}, "outliers", "float32", {})
     t = builtin("deltanet", dtype="float32")
     assert state_agreement(t, ex, causal=True).passed
-    assert state_agreement(_final_state_times(t, 1.01), ex, causal=True).measured > 100
+    assert state_agreement(_final_state_times(t, 1.01), ex, causal=True).measured > 30
 
     def second_run_off(q, k, v, *, causal, initial_state=None, output_final_state=False, **kw):
         res = t.fn(q, k, v, causal=causal, initial_state=initial_state, output_final_state=output_final_state, **kw)
@@ -315,16 +344,36 @@ def test_the_floor_stops_at_the_first_chunk_where_writes_erase_the_initial_state
 
     w = Target(second_run_off, t.variant, dtype="float32", params=dict(t.params), name="second run's state 1% off")
     f = state_split(w, ex, causal=True)
-    assert f.details["split"] == 32 and f.measured > 100, f.details
+    assert f.details["split"] == 32 and f.measured > 30, f.details
+
+    ex65 = _saved("deltanet_f32_d1_chunk_end_rounding.npz", "outliers", "float32")
+    noisy = _final_state_erring(_chunk64_deltanet(), 8.0)  # sqrt(64) u |S_0|; the chunk-64 form erred 4.1 u |S_0| here
+    f = state_agreement(noisy, ex65, causal=True)
+    assert f.passed and f.measured > 0.1, f.details
+    assert state_agreement(_final_state_times(_chunk64_deltanet(), 1 + 2.0**-6), ex65, causal=True).measured > 1
+
+
+def _chunk64_deltanet() -> Target:
+    import gramcheck.variants as V
+
+    var = V.get("deltanet")
+
+    def fn(q, k, v, *, causal, beta, initial_state=None, output_final_state=False):
+        kw = {"initial_state": initial_state, "output_final_state": output_final_state}
+        return var.torch(q, k, v, causal=True, beta=beta, form="chunked", chunk_size=64, **kw)
+
+    return Target(fn, "deltanet", dtype="float32", name="deltanet, chunks of 64")
 
 
 def test_the_split_runs_second_segment_is_floored_at_the_terms_of_its_carried_state(monkeypatch):
     """deltanet, float32, d_k = d_v = 1, N = 16, no S_0, split at t = 7: an outlier token (k, v ~ 500) at t = 2
     builds a state of ~570 that the second run receives and the writes of beta = 1 after it erase. The second
     run's chunked form combines the carried state into its corrections as the full run combines S_0, and with
-    the floor at the full run's S_0 terms alone (none here) the builtin failed state-split at 1.06. The second
-    segment's terms count from t on (``initial_state_terms`` of the carried state): the builtin passes, and a
-    second run whose final state is 2^-8 relative off fails."""
+    the floor at the full run's S_0 terms alone (none here) the builtin failed state-split at 1.06 on the CPU where
+    the input was found. The second segment's terms count from t on (``initial_state_terms`` of the carried
+    state): the builtin passes (its full run errs 91 u |S_N| here, 0.1 u |S_t|); a second run erring 16 u |S_t|
+    (``_final_state_erring``) passes with the floor and fails without it, so the floor decides there; and a second
+    run whose final state is 2^-8 relative off fails."""
     from gramcheck.properties import state
 
     ex = _saved("deltanet_f32_d1_carried_state_erased.npz", "outliers", "float32")
@@ -338,8 +387,11 @@ def test_the_split_runs_second_segment_is_floored_at_the_terms_of_its_carried_st
 
     w = Target(second_run_off, t.variant, dtype="float32", params=dict(t.params), name="second run's state off")
     assert state_split(w, ex, causal=True).measured > 2
+    noisy = _final_state_erring(t, 16.0, when=lambda s: s is not None and float(s.abs().max()) > 0)
+    f = state_split(noisy, ex, causal=True)
+    assert f.passed and f.measured > 0.1, f.details
     monkeypatch.setattr(state, "initial_state_terms", lambda *a: (0.0, 0.0))
-    assert state_split(t, ex, causal=True).measured > 1
+    assert state_split(noisy, ex, causal=True).measured > 1
 
 
 @pytest.mark.parametrize(

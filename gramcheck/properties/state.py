@@ -137,13 +137,31 @@ def carried_by_decays(target: Target, ex: AttentionInputs, x: np.ndarray) -> tup
 def propagation(target: Target, ex: AttentionInputs, err: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Upper bounds on |out(S_0 + E) - out(S_0)| and |S_N(S_0 + E) - S_N(S_0)| for |E| <= err: the definition
     is affine in S_0. Where the transitions are decays, with coefficients s q_t diag(decay) (and decay for
-    S_N): ``carried_by_decays`` of err. Where they contract (the delta rule: alpha_t (I - beta k k^T), norm at
-    most alpha_t), |(P E)_ij| <= ||P E_{:,j}||_2 <= D ||err_{:,j}||_2 and |s q^T P E_{:,j}| <= s ||q||_1 D
-    ||err_{:,j}||_2: ``carried_by_decays`` of every column replaced by its norm (the signed transitions
-    applied to err bound nothing: they may cancel where another E of the same size does not)."""
-    if "contracting-transitions" in target.variant.tags(target.params):
-        err = np.broadcast_to(np.sqrt(np.sum(np.square(err), axis=-2, keepdims=True)), err.shape)
-    return carried_by_decays(target, ex, err)
+    S_N): ``carried_by_decays`` of err. Where they contract (the delta rule: alpha_t (I - beta k k^T)),
+    |s q_t^T P_t E| <= |s q_t^T P_t| err and |P_N E| <= |P_N| err with P_t the product of the transitions
+    (``transitions``): the signed transitions applied to err bound nothing (they may cancel where another E of
+    the same size does not), and their norms ignore that a write erases the directions it writes."""
+    if "contracting-transitions" not in target.variant.tags(target.params):
+        return carried_by_decays(target, ex, err)
+    reads, product = transitions(target, ex)
+    return np.abs(reads) @ err, np.abs(product) @ err
+
+
+def transitions(target: Target, ex: AttentionInputs) -> tuple[np.ndarray, np.ndarray]:
+    """(s q_t^T P_t (B, H, N, d_k), P_N (B, H, d_k, d_k)), P_t the product of a linear recurrence's transitions
+    up to t: the definition run from S_0 = I with zero values of d_k columns (each column of the state evolves
+    apart), with a slack for its float64 rounding (n u_64 of the largest entry; the transitions' products are
+    at most 1)."""
+    B, H, N, dk = ex.q.shape
+    eye = np.broadcast_to(np.eye(dk), (B, H, dk, dk)).copy()
+    with np.errstate(all="ignore"):
+        reads, product = target.variant.reference(
+            ex.q, ex.k, np.zeros((B, H, N, dk)), causal=True, output_final_state=True, initial_state=eye,
+            **target.params, **ex.extras,
+        )  # fmt: skip
+    slack = 1e-15 * (N + dk)
+    largest = np.max(np.abs(reads), axis=(-2, -1), keepdims=True, initial=0.0)
+    return np.abs(reads) + slack * largest, np.abs(product) + slack
 
 
 def _segment(ex: AttentionInputs, a: int, b: int) -> AttentionInputs:
@@ -410,18 +428,34 @@ def initial_state_terms(
 ) -> tuple[np.ndarray | float, np.ndarray | float]:
     """The terms of the size of S_0 that a standard algorithm combines into (out, S_N): s |q_t|^T (D_t |S_0|)
     and D_N |S_0|, D_t the decays alone (``carried_by_decays``); 0 without S_0. Where the transitions
-    contract (the delta rule), only in the first chunk of the longest standard chunk size c, where the chunked
-    algorithm combines S_0 into each of the t tokens' corrections so far, times sqrt(t); past it, erasing writes
-    remove S_0 and its rounding alike (proofs/state-passing.md, "The floor of the rule")."""
+    contract (the delta rule), chunk by chunk of the longest standard chunk size c: within a chunk from b the
+    chunked algorithm combines the S_0 part of S_b, at most Z_b = |P_b| |S_0|, into each of its t - b
+    corrections so far (times sqrt(t - b)), and the rounding that leaves (R_b, in units of u) travels on
+    through the transitions; erasing writes remove S_0 and that rounding alike (``propagation``;
+    proofs/state-passing.md, "The floor of the rule")."""
     if s0 is None:
         return 0.0, 0.0
-    out, st = (np.where(np.isfinite(x), x, 0.0) for x in carried_by_decays(target, ex, np.abs(s0)))
-    if "contracting-transitions" in target.variant.tags(target.params):
-        c, n = max(CHUNK_SIZES), ex.q.shape[-2]
-        t = np.arange(1, n + 1)
-        out = out * np.where(t <= c, np.sqrt(t), 0.0)[:, None]
-        st = st * (math.sqrt(n) if n <= c else 0.0)
-    return out, st
+    finite = lambda x: np.where(np.isfinite(x), x, 0.0)  # noqa: E731
+    if "contracting-transitions" not in target.variant.tags(target.params):
+        out, st = (finite(x) for x in carried_by_decays(target, ex, np.abs(s0)))
+        return out, st
+    c, n = max(CHUNK_SIZES), ex.q.shape[-2]
+    outs = []
+    z, r = np.abs(s0), np.zeros(np.shape(s0))
+    for b in range(0, n, c):
+        seg = _segment(ex, b, min(b + c, n))
+        m = seg.q.shape[-2]
+        d_out, d_st = (finite(x) for x in carried_by_decays(target, seg, z))
+        outs.append(d_out * np.sqrt(np.arange(1, m + 1))[:, None])
+        r_st = d_st * math.sqrt(m)
+        if b > 0:
+            p_out, p_st = (finite(x) for x in propagation(target, seg, r))
+            outs[-1] = outs[-1] + p_out
+            r_st = r_st + p_st
+        if b + c < n:
+            z = finite(propagation(target, seg, z)[1])
+        r = r_st
+    return np.concatenate(outs, axis=-2), r
 
 
 def rule_in_norm(
