@@ -150,17 +150,20 @@ def test_a_float32_internal_target_without_dg_fails_gradcheck_where_outputs_are_
     assert not r.passed, r.summary()
 
 
-def test_the_float64_call_of_a_float32_internal_target_is_the_one_judged():
-    """The gradients judged are those of the call that is certified (float64): a backward wrong on that entry
-    point only fails, and a target that takes float64 tensors only passes."""
+@pytest.mark.parametrize("dtype", ["float64", "float32", "bfloat16"])
+def test_the_float64_call_of_a_float32_internal_target_is_the_one_judged(dtype):
+    """The gradients judged are those of the call that is certified (float64), whatever the check's dtype: a
+    backward wrong on that entry point only fails, and a target that takes float64 tensors only passes. (A check
+    in float16 or bfloat16 judged the call in its own dtype against the float32 rule: a correct target that
+    promotes half precision to float32 and rounds its result back failed.)"""
     from broken import linear_elu_float32_inside_with_float64_path_dq_halved
     from correct_lowprec import linear_elu_in_float32_float64_only
 
     dom = {"max_n": 8, "max_d": 4, "examples": 6}
-    bad = check(linear_elu_float32_inside_with_float64_path_dq_halved, "linear-elu", dtype="float64", domain=dom,
+    bad = check(linear_elu_float32_inside_with_float64_path_dq_halved, "linear-elu", dtype=dtype, domain=dom,
                 properties=["gradcheck"])
     assert not bad.passed, bad.summary()
-    ok = check(linear_elu_in_float32_float64_only, "linear-elu", dtype="float64", domain=dom, properties=["gradcheck"])
+    ok = check(linear_elu_in_float32_float64_only, "linear-elu", dtype=dtype, domain=dom, properties=["gradcheck"])
     assert ok.passed and ok["gradcheck"].details["computes_in"] == "float32", ok.summary()
 
 

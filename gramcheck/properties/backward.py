@@ -136,14 +136,15 @@ def target_gradients(
     *,
     causal: bool,
     missing: list[str] | None = None,
+    call_dtype: str | None = None,
 ) -> dict[str, np.ndarray]:
-    """Gradients of the same L through the target, in its dtype (its own backward); the inputs no
-    gradient reaches (autograd gives None: zeros here) are appended to ``missing`` when given. Replayed in a
-    judgment made twice (``targets.taped``)."""
+    """Gradients of the same L through the target, called in its dtype (or ``call_dtype``: its own backward); the
+    inputs no gradient reaches (autograd gives None: zeros here) are appended to ``missing`` when given. Replayed
+    in a judgment made twice (``targets.taped``)."""
 
     def run() -> tuple[dict[str, np.ndarray], list[str]]:
         torch = _torch()
-        t = target.tensors(arrays)
+        t = target.tensors(arrays, dtype=call_dtype)
         for n in names:
             t[n] = t[n].detach().requires_grad_(True)
         leaves = {n: t[n] for n in names}
@@ -154,7 +155,8 @@ def target_gradients(
             loss = _loss(res, torch.as_tensor(w), None if ws is None else torch.as_tensor(ws))
             return _grads(loss, leaves, target, cut), cut
 
-    grads, cut = taped(target, "gradients", (causal, tuple(names)), arrays, run, {"loss w": w, "loss ws": ws})
+    options = (causal, tuple(names), call_dtype or target.dtype)
+    grads, cut = taped(target, "gradients", options, arrays, run, {"loss w": w, "loss ws": ws})
     if missing is not None:
         missing.extend(cut)
     return grads
@@ -234,11 +236,14 @@ def backward_agreement(target: Target, ex: AttentionInputs, *, causal: bool) -> 
     return judge_backward(target, ex, causal=causal, dtype=target.dtype)
 
 
-def judge_backward(target: Target, ex: AttentionInputs, *, causal: bool, dtype: str) -> Finding | None:
-    """``backward_agreement``'s judgment with the rule of ``dtype``: the target called in its own dtype on ``ex``
-    (representable in ``dtype``), its gradients held to the rule in ``dtype`` (the yardstick: the definition's
-    gradients in ``dtype``; the floor: ``dtype``'s unit roundoff). ``dtype`` is the target's own for this
-    property, float32 for a float64 target that computes in float32 inside (``gradients.float32_gradients``)."""
+def judge_backward(
+    target: Target, ex: AttentionInputs, *, causal: bool, dtype: str, call_dtype: str | None = None
+) -> Finding | None:
+    """``backward_agreement``'s judgment with the rule of ``dtype``: the target called in its own dtype (or
+    ``call_dtype``) on ``ex`` (representable in ``dtype``), its gradients held to the rule in ``dtype`` (the
+    yardstick: the definition's gradients in ``dtype``; the floor: ``dtype``'s unit roundoff). ``dtype`` is the
+    target's own for this property; gradcheck holds the target's float64 call to the rule in float32
+    (``gradients.float32_gradients``)."""
     if _undefined(target, ex, causal):
         return None
     arrays: dict[str, np.ndarray] = {"q": ex.q, "k": ex.k, "v": ex.v, **ex.extras}
@@ -259,7 +264,8 @@ def judge_backward(target: Target, ex: AttentionInputs, *, causal: bool, dtype: 
     if any(not np.allclose(carried[n], ref[n], rtol=1e-12, atol=0.0) for n in names):
         refs["shift carried"] = carried
     findings = {
-        c: _judge_gradients(target, ex, arrays, names, w, ws, r, causal=causal, dtype=dtype) for c, r in refs.items()
+        c: _judge_gradients(target, ex, arrays, names, w, ws, r, causal=causal, dtype=dtype, call_dtype=call_dtype)
+        for c, r in refs.items()
     }
     judged = {c: f for c, f in findings.items() if f is not None}
     if not judged:
@@ -282,6 +288,7 @@ def _judge_gradients(
     *,
     causal: bool,
     dtype: str,
+    call_dtype: str | None = None,
 ) -> Finding | None:
     """``judge_backward``'s judgment against the reference gradients ``ref``, by the rule of ``dtype``."""
     naive = [
@@ -290,7 +297,7 @@ def _judge_gradients(
     ]
     terms = gradient_terms(target, arrays, names, w, ws, causal=causal)
     missing: list[str] = []
-    got = target_gradients(target, arrays, names, w, ws, causal=causal, missing=missing)
+    got = target_gradients(target, arrays, names, w, ws, causal=causal, missing=missing, call_dtype=call_dtype)
     contracting = "contracting-transitions" in target.variant.tags(target.params)
     length = accumulation_length(ex)
     floor_rel = BACKWARD_FLOOR_ULPS * unit_roundoff(dtype) + gamma_tilde(length, ACCUMULATOR)
@@ -306,7 +313,7 @@ def _judge_gradients(
         non-finite at a row whose exact output is finite (the forward's own 0/0, which agreement leaves
         unjudged): there a non-finite gradient is that NaN's autograd, not the backward's failure."""
         kw = {**target.params, **ex.extras}
-        out = np.asarray(target(ex.q, ex.k, ex.v, causal=causal, **ex.extras), dtype=np.float64)
+        out = np.asarray(target(ex.q, ex.k, ex.v, causal=causal, dtype=call_dtype, **ex.extras), dtype=np.float64)
         mine = naive_definition(target.variant, ex.q, ex.k, ex.v, causal=causal, dtype=dtype, **kw)
         exact = target.reference(ex.q, ex.k, ex.v, causal=causal, **ex.extras)
         both = ~np.isfinite(out) & ~np.isfinite(mine) & np.isfinite(exact)
