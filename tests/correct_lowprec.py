@@ -114,3 +114,42 @@ def linear_relu_in_float32(q, k, v, *, causal):
     keeps central differences for it, each row held to its output's float32 noise)."""
     dt = q.dtype
     return V.get("linear-relu").torch(q.float(), k.float(), v.float(), causal=causal, form="chunked").to(dt)
+
+
+def with_float32_backward(fn, change=None):
+    """``fn`` whose forward runs as called (float64) and whose backward is autograd of ``fn`` in float32 (a
+    float64 forward with a float32 backward kernel); ``change(name, grad)``, when given, alters a gradient (for
+    the broken twin)."""
+    import torch
+
+    def target(q, k, v, *, causal, **kw):
+        names = ["q", "k", "v", *[n for n, x in kw.items() if torch.is_tensor(x)]]
+        other = {n: x for n, x in kw.items() if not torch.is_tensor(x)}
+
+        def run(xs):
+            a = dict(zip(names, xs, strict=True))
+            r = fn(a.pop("q"), a.pop("k"), a.pop("v"), causal=causal, **a, **other)
+            return tuple(r) if isinstance(r, (tuple, list)) else (r,)
+
+        class _Float32Backward(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, *xs):
+                ctx.save_for_backward(*xs)
+                with torch.no_grad():
+                    return run(xs)
+
+            @staticmethod
+            def backward(ctx, *grads):
+                xs = ctx.saved_tensors
+                low = [x.detach().float().requires_grad_() for x in xs]
+                with torch.enable_grad():
+                    gs = torch.autograd.grad(run(low), low, [g.float() for g in grads], allow_unused=True)
+                out = [None if g is None else g.to(x.dtype) for g, x in zip(gs, xs, strict=True)]
+                if change is not None:
+                    out = [g if g is None else change(n, g) for n, g in zip(names, out, strict=True)]
+                return tuple(out)
+
+        res = _Float32Backward.apply(q, k, v, *[kw[n] for n in names[3:]])
+        return res if len(res) > 1 else res[0]
+
+    return target

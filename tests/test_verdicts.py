@@ -123,7 +123,7 @@ def test_float32_internal_targets_pass_gradient_checks_and_say_so(fn, name):
 def test_a_float32_internal_target_with_large_outputs_passes_gradcheck(seed):
     """RWKV-6's bonus u draws values up to ~200, so outputs reach ~400 and float32 rounding moves central
     differences of step 1e-3 by ~0.03, beyond a fixed atol of 5e-3 (a false alarm). The float32 computation's
-    gradients are judged by backward-agreement's float32 rule instead (``gradients.float32_gradients``), and a
+    gradients are judged by backward-agreement's float32 rule instead (``backward.judge_in_float32``), and a
     dq 5% off still fails."""
     from broken import rwkv6_in_float32_with_dq_five_percent_off
     from correct_lowprec import rwkv6_in_float32
@@ -148,6 +148,24 @@ def test_a_float32_internal_target_without_dg_fails_gradcheck_where_outputs_are_
         domain={"gates": ["mixed"]},
     )
     assert not r.passed, r.summary()
+
+
+def test_a_float64_forward_with_a_float32_backward_passes_gradcheck():
+    """mamba2, seed 2: a float64 forward whose backward runs in float32 (``with_float32_backward``) returned a dg of
+    1e-5 where the exact one is 0 (N = 1, keys up to 57), past central differences' float64 atol of 1e-5: a false
+    alarm. Where central differences fail at float64's tolerances and the float32 rule passes, they judge at
+    float32's: it passes, and its twin with dg 1e-4 off fails."""
+    from correct_lowprec import with_float32_backward
+
+    from gramcheck.targets import builtin
+
+    fn = builtin("mamba2", dtype="float64").fn
+    kw = {"causal": True, "dtype": "float64", "properties": ["gradcheck"], "seed": 2}
+    ok = check(with_float32_backward(fn), "mamba2", **kw)
+    assert ok.passed, ok.summary() + str(ok.findings[0].details)
+    off = with_float32_backward(fn, lambda n, g: g * (1 + 1e-4) if n == "g" else g)
+    bad = check(off, "mamba2", **kw)
+    assert not bad.passed, bad.summary()
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32", "bfloat16"])

@@ -29,7 +29,7 @@ Component properties of random features (kernel MSE, ORF) are plain functions in
 | zero-initial-state        | state-passing, causal                           | state-passing.md             |
 | packing                   | causal mode, targets taking cu_seqlens          | state-passing.md             |
 | packing-isolation         | causal mode, targets taking cu_seqlens          | state-passing.md             |
-| backward-agreement        | unnormalised forms; float32 / bf16 / f16 targets| backward-agreement.md        |
+| backward-agreement        | no vanishing denominator; float64: float32 rule | backward-agreement.md        |
 | output-unbiased (stat.)   | random features with positive weights; default  | favor-output.md              |
 | output-mse (stat.)        | for targets drawing their own (no `projection`) | favor-output.md              |
 

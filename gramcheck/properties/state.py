@@ -426,26 +426,28 @@ def naive_with_state(
 def initial_state_terms(
     target: Target, ex: AttentionInputs, s0: np.ndarray | None
 ) -> tuple[np.ndarray | float, np.ndarray | float]:
-    """The terms of the size of S_0 that a standard algorithm combines into (out, S_N): s |q_t|^T (D_t |S_0|)
-    and D_N |S_0|, D_t the decays alone (``carried_by_decays``); 0 without S_0. Where the transitions
-    contract (the delta rule), chunk by chunk of the longest standard chunk size c: within a chunk from b the
-    chunked algorithm combines the S_0 part of S_b, at most Z_b = |P_b| |S_0|, into each of its t - b
-    corrections so far (times sqrt(t - b)), and the rounding that leaves (R_b, in units of u) travels on
-    through the transitions; erasing writes remove S_0 and that rounding alike (``propagation``;
+    """The terms of the size of the state that a standard algorithm combines into (out, S_N): where the
+    transitions only decay, s |q_t|^T (D_t |S_0|) and D_N |S_0|, D_t the decays alone (``carried_by_decays``;
+    0 without S_0). Where they contract (the delta rule), chunk by chunk of the longest standard chunk size c:
+    within a chunk from b the chunked algorithm combines the state it starts from, the definition's S_b (S_0 at
+    b = 0), into each of its t - b corrections so far (times sqrt(t - b)), whatever later writes erase, and the
+    rounding that leaves (in units of u) travels on through the transitions (``propagation``;
     proofs/state-passing.md, "The floor of the rule")."""
-    if s0 is None:
-        return 0.0, 0.0
     finite = lambda x: np.where(np.isfinite(x), x, 0.0)  # noqa: E731
     if "contracting-transitions" not in target.variant.tags(target.params):
+        if s0 is None:
+            return 0.0, 0.0
         out, st = (finite(x) for x in carried_by_decays(target, ex, np.abs(s0)))
         return out, st
-    c, n = max(CHUNK_SIZES), ex.q.shape[-2]
+    B, H, n, dk = ex.q.shape
+    c = max(CHUNK_SIZES)
     outs = []
-    z, r = np.abs(s0), np.zeros(np.shape(s0))
+    state = np.zeros((B, H, dk, ex.v.shape[-1])) if s0 is None else np.asarray(s0, dtype=np.float64)
+    r = np.zeros(np.shape(state))
     for b in range(0, n, c):
         seg = _segment(ex, b, min(b + c, n))
         m = seg.q.shape[-2]
-        d_out, d_st = (finite(x) for x in carried_by_decays(target, seg, z))
+        d_out, d_st = (finite(x) for x in carried_by_decays(target, seg, np.abs(state)))
         outs.append(d_out * np.sqrt(np.arange(1, m + 1))[:, None])
         r_st = d_st * math.sqrt(m)
         if b > 0:
@@ -453,7 +455,7 @@ def initial_state_terms(
             outs[-1] = outs[-1] + p_out
             r_st = r_st + p_st
         if b + c < n:
-            z = finite(propagation(target, seg, z)[1])
+            state = finite(_reference(target, seg, F64, initial_state=state)[1])
         r = r_st
     return np.concatenate(outs, axis=-2), r
 
