@@ -168,6 +168,28 @@ def test_a_float64_forward_with_a_float32_backward_passes_gradcheck():
     assert not bad.passed, bad.summary()
 
 
+def test_central_differences_loosen_only_for_a_backward_that_computes_in_float32():
+    """A float64 backward dropping the entries of dg below 8e-7 max|dg| fails central differences at float64's
+    tolerances and passes the float32 rule (whose floor is relative to max|dg|): the loosened central differences
+    passed it (a review's input, rwkv6 seed 0). They loosen only where the backward rounds most entries as float32
+    does (``backward_precision``): it fails."""
+    import torch
+    from broken import with_changed_gradient
+    from correct_lowprec import with_float32_backward
+
+    from gramcheck.properties.gradients import backward_precision
+    from gramcheck.strategies import attention_inputs, sample
+    from gramcheck.targets import Target, builtin
+
+    t = builtin("rwkv6", dtype="float64")
+    drop = with_changed_gradient(t.fn, "g", lambda g: torch.where(g.abs() < 8e-7 * g.abs().max(), 0 * g, g))
+    f = check(drop, "rwkv6", causal=True, dtype="float64", properties=["gradcheck"], seed=0)["gradcheck"]
+    assert not f.passed and "Jacobian mismatch" in f.details.get("error", ""), f.details
+    ex = sample(attention_inputs("rwkv6", dtype="float64", max_n=6, max_d=3), seed=0)
+    assert backward_precision(Target(drop, "rwkv6", dtype="float64"), ex, True) == "float64"
+    assert backward_precision(Target(with_float32_backward(t.fn), "rwkv6", dtype="float64"), ex, True) == "float32"
+
+
 @pytest.mark.parametrize("dtype", ["float64", "float32", "bfloat16"])
 def test_the_float64_call_of_a_float32_internal_target_is_the_one_judged(dtype):
     """The gradients judged are those of the call that is certified (float64), whatever the check's dtype: a
