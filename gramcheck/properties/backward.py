@@ -37,7 +37,7 @@ from ..strategies import AttentionInputs
 from ..targets import Target, taped
 from .base import guarded
 from .invariants import _rng, _undefined
-from .state import NormPart, frobenius, initial_state_of, parts_finding
+from .state import NormPart, frobenius, initial_state_of, parts_finding, state_passing
 
 BACKWARD_K = 2.0
 BACKWARD_FLOOR_ULPS = 4.0
@@ -272,8 +272,7 @@ def judge_backward(
     STORE_FINAL_STATE): the worse of the two, named in ``call``."""
     if _undefined(target, ex, causal):
         return None
-    stateful = causal and "state-passing" in target.variant.tags(target.params) and target.passes_state
-    stateful = stateful and not target.params.get("group_norm")
+    stateful = state_passing(target.variant, causal, dict(target.params)) and target.passes_state
     calls = {"with initial and final state": True, "plain": False} if stateful else {"plain": False}
     found = {}
     for call, with_state in calls.items():

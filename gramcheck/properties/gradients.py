@@ -117,10 +117,10 @@ def _verdict(name: str, passed: bool, ex: AttentionInputs, **details: Any) -> Fi
 def gradcheck(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding | None:
     """torch.autograd.gradcheck of the target in float64 (analytic against central differences), with respect to
     q, k, v and the differentiable extra inputs (decays, gates, bonus: a wrong dg or dbeta is wrong in float64
-    too). A target that computes in float32
-    inside (``internal_precision``) has its float32 gradients judged by backward-agreement's float32 rule where
-    that applies (``backward.judge_in_float32``); elsewhere each row of the Jacobian is held to its own output's
-    rounding noise over the difference step (``difference_weights``)."""
+    too). Where the definition is smooth, a target that computes in float32 inside (``internal_precision``) has
+    its gradients judged by backward-agreement's float32 rule instead (``backward.judge_in_float32``), and a
+    float64 one by that rule as well (``at_least_float32``); elsewhere each row of the Jacobian is held to its
+    own output's rounding noise over the difference step (``difference_weights``)."""
     from .backward import judge_in_float32, smooth_definition
 
     if _undefined(target, ex, causal):
