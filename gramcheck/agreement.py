@@ -296,6 +296,22 @@ def unresolved_entries(variant: Any, q: Any, k: Any, v: Any, *, causal: bool, dt
     return none | rows[..., None]
 
 
+def denominator_condition(variant: Any, q: Any, k: Any, *, causal: bool, **kwargs: Any) -> np.ndarray | None:
+    """Per row (B, H, N), kappa_i = max(1, scale_i / |den_i + eps|): how much the denominator
+    phi(q_i) . sum_{j (<= i)} phi(k_j) + eps cancels (``spectra.denominator_terms``). Any algorithm forms den_i
+    from terms of total size scale_i, so its rounding there is kappa_i times larger relative to den_i + eps than
+    the terms' own (proofs/backward-agreement.md, "Denominators that can vanish"). 1 for non-negative features
+    with a positive denominator, or none and eps != 0; inf where a denominator is 0 or its terms out of range.
+    None for a variant not tagged ``feature-denominator`` (no such terms to measure)."""
+    f = _feature_denominator(variant, q, k, kwargs, causal)
+    if f is None:
+        return None
+    with np.errstate(all="ignore"):
+        kappa = np.maximum(1.0, f.scale / np.abs(f.den + f.eps))
+    empty = (f.scale == 0) & (f.eps != 0)  # no terms: den_i + eps = eps exactly
+    return np.where(empty, 1.0, np.where(f.rows & np.isfinite(kappa), kappa, np.inf))
+
+
 def state_resolution(
     variant: Any, q: Any, k: Any, v: Any, *, causal: bool, dtype: Any, **kwargs: Any
 ) -> np.ndarray | None:

@@ -110,8 +110,8 @@ def linear_elu_in_float32_float64_only(q, k, v, *, causal):
 
 
 def linear_relu_in_float32(q, k, v, *, causal):
-    """The builtin relu linear attention computed in float32 and cast back (a vanishing denominator: gradcheck
-    keeps central differences for it, each row held to its output's float32 noise)."""
+    """The builtin relu linear attention computed in float32 and cast back (a denominator that can vanish: gradcheck
+    judges it by the float32 rule where the example's denominators do not)."""
     dt = q.dtype
     return V.get("linear-relu").torch(q.float(), k.float(), v.float(), causal=causal, form="chunked").to(dt)
 

@@ -157,13 +157,77 @@ def test_naive_definition_measures_near_one_half():
     assert f.measured > 0.1, f
 
 
-def test_applies_to_every_form_whose_definition_is_smooth():
-    """Normalised forms are judged too (their terms come from the chain rule's paths); relu and trig
-    features, whose denominators can vanish, are left to gradcheck and finite-gradients."""
+def test_applies_to_every_form_whose_definition_is_smooth_or_whose_denominators_it_measures():
+    """Normalised forms are judged too (their terms come from the chain rule's paths), and so are relu and trig
+    features, whose denominators can vanish, where the denominator is the features' (each example measures its
+    cancellation); trig features with eps, whose features differ from the quotient's, are left to gradcheck's
+    central differences and finite-gradients."""
     for name in ("gla", "linear-elu", "qknorm-linear", "transnormer-norm", "performer-positive"):
         assert "backward-agreement" in {p.name for p in P.applicable(name, True, {})}, name
     for name in ("linear-relu", "performer-trig"):
-        assert "backward-agreement" not in {p.name for p in P.applicable(name, True, {})}, name
+        assert "backward-agreement" in {p.name for p in P.applicable(name, True, {})}, name
+    assert "backward-agreement" not in {p.name for p in P.applicable("performer-trig", True, {"eps": 1e-6})}
+
+
+def test_the_denominators_condition_reaches_the_gradients_through_the_rows_that_see_them():
+    """kappa_i = max(1, scale_i / |den_i + eps|) per row; dq_i takes its own row's, dk_j and dv_j the largest of the
+    rows i >= j (causal) or of every row, any other input its slice's largest."""
+    from gramcheck.properties.backward import condition_of, denominator_condition
+    from gramcheck.strategies import AttentionInputs
+
+    q = np.array([[[[1.0, -1.0], [1.0, 0.0], [1.0, 1.0]]]])  # trig features: cancellation differs per row
+    k = np.array([[[[0.5, 0.5], [-0.3, 0.2], [0.1, -0.4]]]])
+    w = {"projection": np.random.default_rng(0).standard_normal((4, 2))}
+    ex = AttentionInputs(q, k, np.ones((1, 1, 3, 2)), w, "gaussian", "float32", {})
+    t = builtin("performer-trig", dtype="float32")
+    kappa = denominator_condition(t, ex, True)
+    # from the unstabilised features: the quotient's stabilisers are positive factors per row, which kappa ignores
+    fq, fk = t.variant.features(q, k, **t.params, **w)
+    z, za = np.cumsum(fk, axis=-2), np.cumsum(np.abs(fk), axis=-2)
+    expected = np.maximum(1.0, np.sum(np.abs(fq) * za, -1) / np.abs(np.sum(fq * z, -1)))
+    np.testing.assert_allclose(kappa, expected, rtol=1e-9)
+    assert kappa.shape == (1, 1, 3) and np.ptp(kappa) > 0, kappa
+    g = np.zeros((1, 1, 3, 2))
+    np.testing.assert_array_equal(condition_of(kappa, g, "q", ex, True)[..., 0], kappa)
+    suffix = np.maximum.accumulate(kappa[..., ::-1], axis=-1)[..., ::-1]
+    np.testing.assert_array_equal(condition_of(kappa, g, "k", ex, True)[..., 1], suffix)
+    everywhere = np.broadcast_to(kappa.max(), (1, 1, 3))
+    np.testing.assert_array_equal(condition_of(kappa, g, "v", ex, False)[..., 0], everywhere)
+    assert np.all(condition_of(kappa, np.zeros(2), "projection", ex, True) == kappa.max())
+    relu = builtin("linear-relu", dtype="float32")
+    ex = AttentionInputs(q, k, ex.v, {}, "gaussian", "float32", {})
+    np.testing.assert_array_equal(denominator_condition(relu, ex, True), [[[1.0, 1.0, 1.0]]])
+    dead = AttentionInputs(-np.abs(q), k, ex.v, {}, "gaussian", "float32", {})  # relu(q) = 0: den = 0, eps = 0
+    assert np.all(np.isinf(denominator_condition(relu, dead, True)))
+    assert backward_agreement(relu, dead, causal=True) is None  # the exact gradient is undefined: no example
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_signed_features_in_16_bits_are_skipped_with_their_reason(dtype):
+    """Trig features in a 16-bit dtype: almost no example has a judgeable gradient, and the search spent minutes
+    drawing examples that do not count. The property is skipped with its reason (never passed); relu's
+    non-negative features are judged."""
+    kw = {"causal": True, "dtype": dtype, "properties": ["backward-agreement"]}
+    f = check("builtin:performer-trig", **kw)["backward-agreement"]
+    assert f.skipped and "signed features" in f.skipped, f.details
+    r = check("builtin:linear-relu", **kw, domain=DOMAIN)
+    f = r["backward-agreement"]
+    assert f.passed and not f.skipped and f.details["examples"] > 0, f.details
+
+
+@pytest.mark.parametrize(("variant", "name"), [("linear-relu", "v"), ("linear-relu", "q"), ("performer-trig", "k")])
+def test_denominators_that_can_vanish_are_measured_per_row(variant, name):
+    """Relu and trig features were left to central differences: a float64 gradient 1e-4 off passed gradcheck, a
+    float32 one 1e-3 off every property. The rule judges them, its floor scaled by the denominators' condition:
+    both fail, and the builtins pass."""
+    for dtype, prop, rel in (("float64", "gradcheck", 1e-4), ("float32", "backward-agreement", 1e-3)):
+        t = builtin(variant, dtype=dtype)
+        kw = {"causal": True, "dtype": dtype, "properties": [prop], "seed": 0}
+        wrong = with_changed_gradient(t.fn, name, lambda grad, rel=rel: grad * (1 + rel))
+        f = check(wrong, variant, **kw)[prop]
+        assert not f.passed and f.measured > 2, (dtype, f.details)
+        ok = check(f"builtin:{variant}", **kw)[prop]
+        assert ok.passed, (dtype, ok.details)
 
 
 def test_float64_targets_are_held_to_the_float32_rule_at_backward_agreements_sizes():

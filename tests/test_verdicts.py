@@ -223,9 +223,10 @@ def test_a_gradient_too_small_to_judge_is_still_held_to_the_rules_loosest_bound(
 
 
 @pytest.mark.parametrize("causal", [True, False])
-def test_central_differences_with_rows_held_to_their_noise_pass_a_float32_relu_and_fail_a_wrong_dq(causal):
-    """relu's denominator can vanish, so backward-agreement's rule does not apply and central differences stay,
-    each row held to its own output's float32 noise: the correct float32 form passes, a dq 10% off fails."""
+def test_a_float32_relu_is_judged_by_the_rule_with_its_denominators_measured(causal):
+    """relu's denominator can vanish; where it does not on the example (measured: ``denominator_condition``) the
+    float32 rule judges a target that computes in float32 inside: the correct float32 form passes, a dq 10% off
+    fails."""
     from broken import linear_relu_in_float32_with_dq_ten_percent_off
     from correct_lowprec import linear_relu_in_float32
 
@@ -233,9 +234,34 @@ def test_central_differences_with_rows_held_to_their_noise_pass_a_float32_relu_a
     ok = check(linear_relu_in_float32, "linear-relu", dtype="float64", causal=causal, properties=["gradcheck"],
                domain=dom)
     assert ok.passed and ok["gradcheck"].details["computes_in"] == "float32", ok.summary()
+    assert "naive_errors" in ok["gradcheck"].details, ok["gradcheck"].details  # the rule's yardstick: it judged
     bad = check(linear_relu_in_float32_with_dq_ten_percent_off, "linear-relu", dtype="float64", causal=causal,
                 properties=["gradcheck"], domain=dom)
     assert not bad.passed, bad.summary()
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_central_differences_with_rows_held_to_their_noise_judge_trig_features_with_eps(causal):
+    """Trig features with eps: a denominator that can vanish and is not the features' own (their quotient's
+    features differ by a factor per row), so no rule measures it and central differences judge a float32 form, each
+    row held to its own output's float32 noise: the correct form passes, a dq 10% off fails."""
+    import gramcheck.variants as V
+
+    def trig_in_float32(q, k, v, *, causal, projection, off=0.0):
+        q = q + off * (q - q.detach())
+        p = {"eps": 1e-3, "projection": projection.float()}
+        return V.get("performer-trig").torch(q.float(), k.float(), v.float(), causal=causal, **p).to(q.dtype)
+
+    def dq_off(q, k, v, *, causal, projection):
+        return trig_in_float32(q, k, v, causal=causal, projection=projection, off=0.1)
+
+    kw = {"dtype": "float64", "causal": causal, "properties": ["gradcheck"], "params": {"eps": 1e-3}}
+    kw["domain"] = {"max_n": 8, "max_d": 4, "examples": 10}
+    ok = check(trig_in_float32, "performer-trig", **kw)["gradcheck"]
+    assert ok.passed and ok.details["computes_in"] == "float32", ok.details
+    assert "float32 tolerances" in ok.details["note"], ok.details
+    bad = check(dq_off, "performer-trig", **kw)["gradcheck"]
+    assert not bad.passed, bad.details
 
 
 def test_each_jacobian_row_is_held_to_its_own_outputs_rounding_noise():

@@ -29,7 +29,7 @@ Component properties of random features (kernel MSE, ORF) are plain functions in
 | zero-initial-state        | state-passing, causal                           | state-passing.md             |
 | packing                   | causal mode, targets taking cu_seqlens          | state-passing.md             |
 | packing-isolation         | causal mode, targets taking cu_seqlens          | state-passing.md             |
-| backward-agreement        | no vanishing denominator; float64: float32 rule | backward-agreement.md        |
+| backward-agreement        | denominators measured; float64: float32 rule    | backward-agreement.md        |
 | output-unbiased (stat.)   | random features with positive weights; default  | favor-output.md              |
 | output-mse (stat.)        | for targets drawing their own (no `projection`) | favor-output.md              |
 
@@ -237,7 +237,7 @@ CATALOGUE: tuple[Property, ...] = (
     Property(
         "backward-agreement",
         backward.backward_agreement,
-        backward.smooth_definition,
+        backward.measured_denominators,
         "backward-agreement.md",
         "gradients in the target dtype: |G - G*| <= 2 max|naive - G*| + 4u (size of the terms) per tensor",
         kinds=gradients.GRADIENT_KINDS,

@@ -117,11 +117,12 @@ def _verdict(name: str, passed: bool, ex: AttentionInputs, **details: Any) -> Fi
 def gradcheck(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding | None:
     """torch.autograd.gradcheck of the target in float64 (analytic against central differences), with respect to
     q, k, v and the differentiable extra inputs (decays, gates, bonus: a wrong dg or dbeta is wrong in float64
-    too). Where the definition is smooth, a target that computes in float32 inside (``internal_precision``) has
+    too). Where the rule applies (the definition smooth, or its denominators measured and nonzero on the example:
+    ``backward.measured_denominators``), a target that computes in float32 inside (``internal_precision``) has
     its gradients judged by backward-agreement's float32 rule instead (``backward.judge_in_float32``), and a
     float64 one by that rule as well (``at_least_float32``); elsewhere each row of the Jacobian is held to its
     own output's rounding noise over the difference step (``difference_weights``)."""
-    from .backward import judge_in_float32, smooth_definition
+    from .backward import denominator_condition, judge_in_float32, measured_denominators
 
     if _undefined(target, ex, causal):
         return None
@@ -129,13 +130,16 @@ def gradcheck(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding |
     if no_grad is not None:
         return no_grad
     prec = internal_precision(target, ex, causal)
-    smooth = smooth_definition(target.variant, causal, dict(target.params))
+    # the rule judges where the definition's denominators are measured and nonzero on this example
+    ruled = measured_denominators(target.variant, causal, dict(target.params)) and bool(
+        np.all(np.isfinite(denominator_condition(target, ex, causal)))
+    )
     info: dict[str, Any] = {"computes_in": prec}
-    if prec == "float32" and smooth:
+    if prec == "float32" and ruled:
         note = "computes in float32 internally: its gradients judged by backward-agreement's float32 rule"
         return judge_in_float32(target, ex, causal, "gradcheck", info, note)
     differences = central_differences(target, ex, causal, prec, info)
-    if prec != "float64" or not smooth:
+    if prec != "float64" or not ruled:
         return differences
     return at_least_float32(target, ex, causal, differences)
 
