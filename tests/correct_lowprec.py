@@ -153,3 +153,22 @@ def with_float32_backward(fn, change=None):
         return res if len(res) > 1 else res[0]
 
     return target
+
+
+def trig_with_split_denominators(q, k, v, *, causal, projection):
+    """Trig-feature FAVOR+ in the inputs' dtype whose denominators den_i = sum_j phi(q_i) . phi(k_j) sum the
+    positive terms and the negative terms apart: exact in exact arithmetic, its rounding of den_i u scale_i, kappa_i
+    times u |den_i| where the terms cancel (proofs/backward-agreement.md, "Denominators that can vanish")."""
+    import torch
+
+    from gramcheck.torch_arith import TORCH
+    from gramcheck.variants.performer import _features
+
+    var = V.get("performer-trig")
+    fq, fk = _features(TORCH, q, k, projection.to(q.dtype), {**var.resolve_params({}), "stabilize": False})
+    terms = fq[..., :, None, :] * fk[..., None, :, :]  # (B, H, N, N, m)
+    if causal:
+        n = q.shape[2]
+        terms = terms * torch.tril(torch.ones(n, n, dtype=q.dtype))[..., None]
+    den = terms.clamp(min=0).sum((-1, -2)) - (-terms).clamp(min=0).sum((-1, -2))
+    return (terms.sum(-1) @ v) / den[..., None]
