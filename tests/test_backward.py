@@ -202,13 +202,26 @@ def test_the_denominators_condition_reaches_the_gradients_through_the_rows_that_
     assert backward_agreement(relu, dead, causal=True) is None  # the exact gradient is undefined: no example
 
 
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("name", ["q", "k"])
+def test_one_row_whose_denominator_nearly_vanishes_loosens_its_own_entries_only(name, causal):
+    """kappa once decided whether a whole tensor was judged entrywise: one row whose trig denominator nearly
+    vanished (kappa 1e3-1e5) left every entry of dq and dk unjudged, and a negated dq or dk passed (seed 2, both
+    modes). Whether the floor judges a tensor is the terms' question; kappa loosens each entry's bound."""
+    t = builtin("performer-trig", dtype="float32")
+    wrong = with_changed_gradient(t.fn, name, lambda grad: -grad)
+    kw = {"causal": causal, "dtype": "float32", "properties": ["backward-agreement"], "seed": 2}
+    f = check(wrong, "performer-trig", **kw)["backward-agreement"]
+    assert not f.passed, f.details
+
+
 def test_the_floor_needs_the_denominators_condition(monkeypatch):
     """A correct float32 algorithm whose denominators round at u scale_i (positive and negative terms summed apart)
     leaves the floor without kappa (measured 1.5-1.8 on these inputs, where kappa is 169-7290) and passes with it (at
     0.01-0.015 there: the scaled floor, a worst case, is loose by about 60x where it judges)."""
-    import gramcheck.properties.backward as B
     from correct_lowprec import trig_with_split_denominators
 
+    import gramcheck.properties.backward as B
     from gramcheck.featuremaps import random_projection
     from gramcheck.precision import round_to
     from gramcheck.strategies import AttentionInputs

@@ -473,13 +473,18 @@ def _judge_gradients(
         scale = np.maximum(largest, terms[n])
         if _is_log_decay(target, n):  # production kernels form dg as a reverse sum that cancels
             scale = np.maximum(scale, log_decay_terms(arrays, ref, n))
-        scale = scale * condition_of(kappa, ref[n], n, ex, causal)
+        # whether the floor can judge the tensor entrywise is the terms' question; the denominators' cancellation
+        # loosens each entry's bound by its own rows' kappa (one row whose denominator nearly vanishes left every
+        # entry of dq unjudged, and a negated dq passed)
+        judges = float(np.max(floor_rel * scale + underflow)) < own_size
+        cond = condition_of(kappa, ref[n], n, ex, causal)
+        scale = scale * cond
         floor = floor_rel * scale + underflow
         naive_err[f"d{n}"], scales[f"d{n}"] = e_n, float(np.max(scale))
         err = np.where(np.isnan(got[n]), np.inf, output_distance(got[n], ref[n], dtype))
         if blind.any():
             err = np.where(blind & excused(n), 0.0, err)
-        if float(np.max(floor)) < own_size:
+        if judges:
             bound = np.where(blind, BACKWARD_K * gamma(length, ACCUMULATOR) * scale, BACKWARD_K * e_n) + floor
             parts[f"d{n}"] = (err, bound)
             continue
@@ -489,8 +494,8 @@ def _judge_gradients(
         # rounding of larger intermediates reaches a small gradient). Elsewhere (normalisations that
         # cancel) the roundings follow the terms: not judged.
         own_norm = frobenius(ref[n]) if largest > CANCELLED * natural and contracting else 0.0
-        scale_norm = max(own_norm, natural * float(np.sqrt(ref[n].size)))
-        scale_norm *= float(np.max(kappa))
+        # each entry's floor in norm, scaled by its kappa: sqrt(sum_e kappa_e^2 max(G*_e, natural)^2) at most
+        scale_norm = max(frobenius(cond * ref[n]) if own_norm else 0.0, natural * frobenius(cond))
         bound = BACKWARD_K * yardstick_error(naive, ref, n, within(frobenius)) + floor_rel * scale_norm + underflow
         if blind.any() or bound >= own_norm:
             # no bound below the gradient's own size (or no yardstick for every entry of a tensor judged as a
