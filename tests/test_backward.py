@@ -170,9 +170,11 @@ def test_applies_to_every_form_whose_definition_is_smooth_or_whose_denominators_
 
 
 def test_the_denominators_condition_reaches_the_gradients_through_the_rows_that_see_them():
-    """kappa_i = max(1, scale_i / |den_i + eps|) per row; dq_i takes its own row's, dk_j and dv_j the largest of the
-    rows i >= j (causal) or of every row, any other input its slice's largest."""
-    from gramcheck.properties.backward import condition_of, denominator_condition
+    """kappa_i = max(1, scale_i / |den_i + eps|) per row, and each entry's floor is scaled by its terms' average
+    kappa: the chain rule's paths from output row i weighted by kappa_i. dq_i takes exactly kappa_i (q_i reaches
+    row i alone); dk_j and dv_j an average over the rows that see key j (rows i >= j with a causal mask), not
+    their largest kappa, which passed a doubled dk."""
+    from gramcheck.properties.backward import denominator_condition, gradient_terms
     from gramcheck.strategies import AttentionInputs
 
     q = np.array([[[[1.0, -1.0], [1.0, 0.0], [1.0, 1.0]]]])  # trig features: cancellation differs per row
@@ -187,13 +189,16 @@ def test_the_denominators_condition_reaches_the_gradients_through_the_rows_that_
     expected = np.maximum(1.0, np.sum(np.abs(fq) * za, -1) / np.abs(np.sum(fq * z, -1)))
     np.testing.assert_allclose(kappa, expected, rtol=1e-9)
     assert kappa.shape == (1, 1, 3) and np.ptp(kappa) > 0, kappa
-    g = np.zeros((1, 1, 3, 2))
-    np.testing.assert_array_equal(condition_of(kappa, g, "q", ex, True)[..., 0], kappa)
-    suffix = np.maximum.accumulate(kappa[..., ::-1], axis=-1)[..., ::-1]
-    np.testing.assert_array_equal(condition_of(kappa, g, "k", ex, True)[..., 1], suffix)
-    everywhere = np.broadcast_to(kappa.max(), (1, 1, 3))
-    np.testing.assert_array_equal(condition_of(kappa, g, "v", ex, False)[..., 0], everywhere)
-    assert np.all(condition_of(kappa, np.zeros(2), "projection", ex, True) == kappa.max())
+    arrays = {"q": q, "k": k, "v": ex.v, **w}
+    loss = np.random.default_rng(1).standard_normal(ex.v.shape)
+    plain = gradient_terms(t, arrays, ["q", "k", "v"], loss, None, causal=True)
+    weighted = gradient_terms(t, arrays, ["q", "k", "v"], loss * kappa[..., None], None, causal=True)
+    np.testing.assert_allclose(weighted["q"] / plain["q"], np.broadcast_to(kappa[..., None], q.shape), rtol=1e-12)
+    ratio = weighted["v"] / plain["v"]  # key j seen by rows i >= j: between their least and largest kappa
+    for j in range(3):
+        seen = kappa[0, 0, j:]
+        assert seen.min() * (1 - 1e-12) <= ratio[0, 0, j].min() <= ratio[0, 0, j].max() <= seen.max() * (1 + 1e-12)
+    assert ratio[0, 0, 0, 0] < kappa.max() * (1 - 1e-6), (ratio, kappa)  # an average, not the largest
     relu = builtin("linear-relu", dtype="float32")
     ex = AttentionInputs(q, k, ex.v, {}, "gaussian", "float32", {})
     np.testing.assert_array_equal(denominator_condition(relu, ex, True), [[[1.0, 1.0, 1.0]]])
@@ -212,6 +217,24 @@ def test_one_row_whose_denominator_nearly_vanishes_loosens_its_own_entries_only(
     wrong = with_changed_gradient(t.fn, name, lambda grad: -grad)
     kw = {"causal": causal, "dtype": "float32", "properties": ["backward-agreement"], "seed": 2}
     f = check(wrong, "performer-trig", **kw)["backward-agreement"]
+    assert not f.passed, f.details
+
+
+@pytest.mark.parametrize(("tokens", "causal", "seed"), [((32, None), False, 4), ((0, 4), True, 2)])
+def test_a_keys_floor_takes_its_terms_average_kappa_not_the_largest(tokens, causal, seed):
+    """dk_j once took the largest kappa of the rows that see key j, though a correct algorithm's rounding through
+    den_i reaches key j only along row i's paths: a dk doubled on tokens >= 32 (non-causal, seed 4: 615 against
+    the floor without kappa) or on tokens 0-3 (causal, seed 2) passed at 0.67 and 0.98. The terms weighted by
+    each row's kappa give each entry its own average: both fail."""
+    t = builtin("performer-trig", dtype="float32")
+
+    def doubled(grad):
+        s = torch.ones_like(grad)
+        s[:, :, slice(*tokens)] = 2.0
+        return grad * s
+
+    kw = {"causal": causal, "dtype": "float32", "properties": ["backward-agreement"], "seed": seed}
+    f = check(with_changed_gradient(t.fn, "k", doubled), "performer-trig", **kw)["backward-agreement"]
     assert not f.passed, f.details
 
 

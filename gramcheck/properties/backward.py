@@ -247,31 +247,6 @@ def denominator_condition(target: Target, ex: AttentionInputs, causal: bool) -> 
     return np.full(ex.q.shape[:3], np.inf) if kappa is None else kappa
 
 
-def condition_of(kappa: np.ndarray, g: np.ndarray, name: str, ex: AttentionInputs, causal: bool) -> np.ndarray:
-    """The rows' ``kappa`` (B, H, N) over gradient ``g`` of input ``name``: a query reaches its own row only, so
-    dq_i takes kappa_i; a key or value (or another per-token input) reaches the rows that see it, every row, or
-    with a causal mask rows i >= j (the largest kappa_i there); any other input every row of its slice, or of
-    every slice where it has no (batch, head) axes."""
-    tokens = ex.q.shape[:3]
-    if name == "q":
-        return np.broadcast_to(kappa[..., None], g.shape)
-    if g.shape[:3] == tokens:
-        seen = np.maximum.accumulate(kappa[..., ::-1], axis=-1)[..., ::-1] if causal else np.max(
-            kappa, axis=-1, keepdims=True
-        )
-        seen = np.broadcast_to(seen, tokens)
-        return np.broadcast_to(seen.reshape(tokens + (1,) * (g.ndim - 3)), g.shape)
-    return over_slices(np.max(kappa, axis=-1), g, name, ex, np.max)
-
-
-def over_slices(per_slice: np.ndarray, g: np.ndarray, name: str, ex: AttentionInputs, batch_free: Any) -> np.ndarray:
-    """A (batch, head) array broadcast over gradient ``g`` of input ``name``; ``batch_free`` of it for a gradient
-    without those axes (a parameter shared by every slice)."""
-    if name == "initial_state" or (g.ndim >= 3 and g.shape[:2] == ex.q.shape[:2]):
-        return np.broadcast_to(per_slice.reshape(per_slice.shape + (1,) * (g.ndim - 2)), g.shape)
-    return np.broadcast_to(batch_free(per_slice), g.shape)
-
-
 @guarded("backward-agreement")
 def backward_agreement(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding | None:
     """Per gradient tensor: max|G - G*| <= 2 max|N - G*| + (4 u + gamma~_n) max(max|G*|, T) (module
@@ -411,14 +386,19 @@ def _judge_gradients(
     kappa: np.ndarray | None = None,
 ) -> Finding | None:
     """``judge_backward``'s judgment against the reference gradients ``ref``, by the rule of ``dtype``; every
-    rounding the floor counts enlarged by the denominators' condition ``kappa`` (per row: ``condition_of``; ones by
-    default)."""
+    rounding the floor counts enlarged by the denominators' condition ``kappa`` (per output row, weighting the
+    terms of the paths through that row; ones by default)."""
     kappa = np.ones(ex.q.shape[:3]) if kappa is None else kappa
     naive = [
         definition_gradients(target, arrays, names, w, ws, causal=causal, dtype=dtype, fn=fn)
         for fn in (None, *target.variant.algorithms_for(causal))
     ]
     terms = gradient_terms(target, arrays, names, w, ws, causal=causal)
+    # the terms with every path from output row i weighted by that row's kappa_i (``denominator_condition``): the
+    # rounding of den_i reaches an input only along the paths through o_i
+    weighted = terms if np.all(kappa == 1.0) else gradient_terms(
+        target, arrays, names, w * kappa[..., None], ws, causal=causal
+    )  # fmt: skip
     missing: list[str] = []
     got = target_gradients(target, arrays, names, w, ws, causal=causal, missing=missing, call_dtype=call_dtype)
     contracting = "contracting-transitions" in target.variant.tags(target.params)
@@ -443,8 +423,11 @@ def _judge_gradients(
         return np.any(both, axis=(-2, -1))
 
     def excused(name: str) -> np.ndarray:
-        """``nan_forward`` over a gradient's (batch, head) slices; for a batch-free one, wherever some slice is."""
-        return over_slices(nan_forward(), ref[name], name, ex, np.any)
+        """``nan_forward`` broadcast over a gradient's (batch, head) slices; nothing for the batch-free ones."""
+        g = ref[name]
+        if name == "initial_state" or (g.ndim >= 3 and g.shape[:2] == ex.q.shape[:2]):
+            return np.broadcast_to(nan_forward().reshape(nan_forward().shape + (1,) * (g.ndim - 2)), g.shape)
+        return np.broadcast_to(np.any(nan_forward()), g.shape)
     naive_err, scales = {}, {}
     unjudged: list[str] = []
     in_norm: list[str] = []
@@ -474,10 +457,11 @@ def _judge_gradients(
         if _is_log_decay(target, n):  # production kernels form dg as a reverse sum that cancels
             scale = np.maximum(scale, log_decay_terms(arrays, ref, n))
         # whether the floor can judge the tensor entrywise is the terms' question; the denominators' cancellation
-        # loosens each entry's bound by its own rows' kappa (one row whose denominator nearly vanishes left every
-        # entry of dq unjudged, and a negated dq passed)
+        # loosens each entry's bound by its own terms' kappa (one row whose denominator nearly vanishes left every
+        # entry of dq unjudged, and a negated dq passed; its kappa given to every key it sees passed a doubled dk)
         judges = float(np.max(floor_rel * scale + underflow)) < own_size
-        cond = condition_of(kappa, ref[n], n, ex, causal)
+        with np.errstate(all="ignore"):
+            cond = np.where(terms[n] > 0, weighted[n] / terms[n], 1.0)  # kappa_i averaged over each entry's terms
         scale = scale * cond
         floor = floor_rel * scale + underflow
         naive_err[f"d{n}"], scales[f"d{n}"] = e_n, float(np.max(scale))
