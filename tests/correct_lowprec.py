@@ -158,7 +158,9 @@ def with_float32_backward(fn, change=None):
 def trig_with_split_denominators(q, k, v, *, causal, projection):
     """Trig-feature FAVOR+ in the inputs' dtype whose denominators den_i = sum_j phi(q_i) . phi(k_j) sum the
     positive terms and the negative terms apart: exact in exact arithmetic, its rounding of den_i u scale_i, kappa_i
-    times u |den_i| where the terms cancel (proofs/backward-agreement.md, "Denominators that can vanish")."""
+    times u |den_i| where the terms cancel (proofs/backward-agreement.md, "Denominators that can vanish"). Its
+    features are unstabilised (exp(|x|^2 / 2) unshifted): correct only on inputs of small norm, where they and their
+    gradients stay in range, as the test that uses it picks them; not a reference for ``check``."""
     import torch
 
     from gramcheck.torch_arith import TORCH
