@@ -467,3 +467,62 @@ def test_the_second_segments_floor_is_taken_at_the_definitions_state_not_the_tar
     assert state_split(t, ex, causal=True).passed
     for eps in (0.0, 0.1):
         assert state_split(wrong(eps), ex, causal=True).measured > 10
+
+
+def _outlier_writes_then_erasures() -> AttentionInputs:
+    """deltanet in float32, N = 200, d_k = d_v = 4: two value outliers of 1e6 (tokens 0 and 32) and then erasing
+    writes (beta = 1 from token 64): S_0, drawn at max|k| max|v|, is 1.2e7, and the outputs fall from 6e6 to about
+    1 over the first tokens past 64."""
+    rng = np.random.default_rng(1)
+    q, k, v = (rng.standard_normal((1, 1, 200, 4)) for _ in range(3))
+    v[..., :64:32, :] *= 1e6
+    beta = rng.uniform(0, 1, (1, 1, 200))
+    beta[..., 64:] = 1.0
+    x = {"q": q, "k": k, "v": v, "beta": beta}
+    x = {n: round_to(a, "float32") for n, a in x.items()}
+    return AttentionInputs(x.pop("q"), x.pop("k"), x.pop("v"), x, "outliers", "float32", {})
+
+
+def test_an_error_confined_to_some_tokens_fails_in_its_own_window():
+    """Outputs judged by the rule in norm over their whole (batch, head) slice: outputs 0.5% off after token 64
+    (about 15 on rows of 3000-5000) passed at 0.92, their error hidden behind the rounding of 600 entries of the
+    slice, up to 6e6. Each 64-token window of a slice of 128 tokens or more is judged on its own too: they fail
+    in tokens 64-127, and the builtin passes."""
+    import torch
+
+    ex = _outlier_writes_then_erasures()
+    t = builtin("deltanet", dtype="float32")
+
+    def late_off(q, k, v, *, causal, initial_state=None, output_final_state=False, **kw):
+        o, s = t.fn(q, k, v, causal=causal, initial_state=initial_state, output_final_state=True, **kw)
+        scale = torch.ones_like(o)
+        scale[:, :, 64:] = 1.005
+        return (o * scale, s) if output_final_state else o * scale
+
+    ok = state_agreement(t, ex, causal=True)
+    assert ok.passed, ok.details
+    bad = state_agreement(Target(late_off, t.variant, dtype="float32", params=dict(t.params)), ex, causal=True)
+    assert not bad.passed and bad.details["entry"] == "out[0,0] tokens 64-127 in norm", bad.details
+
+
+def test_windows_cover_the_slice_the_last_taking_the_remainder():
+    """rule_in_norm: the slice, then windows of 64 rows from 128 rows on, the last one up to 127 rows long; every
+    judged entry lies in exactly one window, and each window's bound is the rule on its own entries."""
+    from gramcheck.properties.state import RULE_WINDOW, rule_in_norm
+
+    rng = np.random.default_rng(0)
+    for n, expected in ((127, [""]), (128, ["", " tokens 0-63", " tokens 64-127"]),
+                        (200, ["", " tokens 0-63", " tokens 64-127", " tokens 128-199"]),
+                        (191, ["", " tokens 0-63", " tokens 64-190"])):  # fmt: skip
+        truth = rng.standard_normal((1, 1, n, 2))
+        naive = truth + 1e-6 * rng.standard_normal(truth.shape)
+        judged = np.ones(truth.shape, dtype=bool)
+        got = rule_in_norm(judged, truth, np.zeros(truth.shape), [naive], 2.0**-24, window=RULE_WINDOW)
+        assert [g[0] for g in got] == expected, (n, [g[0] for g in got])
+        if len(got) > 1:
+            covered = sum(g[2].astype(int) for g in got[1:])
+            np.testing.assert_array_equal(covered, judged[0, 0].astype(int))
+            for _, _, j, bound in got[1:]:
+                yard = float(np.sqrt(np.sum((naive[0, 0][j] - truth[0, 0][j]) ** 2)))
+                floor = 2 * 2.0**-24 * float(np.sqrt(np.sum(truth[0, 0][j] ** 2)))
+                assert bound == pytest.approx(2 * yard + floor, rel=1e-12)

@@ -338,7 +338,8 @@ class Vacuous:
         terms: tuple[Any, Any],
         slack: tuple[Any, Any] = (0.0, 0.0),
     ) -> tuple[dict[str, NormPart], tuple[np.ndarray, np.ndarray]]:
-        """The parts of (out, S_N) the rule in norm judges, one per (batch, head) slice: ``errors``
+        """The parts of (out, S_N) the rule in norm judges, one per (batch, head) slice and, for the outputs of a
+        long slice, one per window of ``RULE_WINDOW`` tokens (``rule_in_norm``): ``errors``
         against ``factor`` times the rule's bound (``rule_in_norm``, floored at ``terms``: the terms of the
         states the runs start from, ``initial_state_terms``) plus the norm of ``slack`` (what the property's own
         handling adds: state-split's rounding of the carried state), and the entries it judges: those of
