@@ -526,3 +526,6 @@ def test_windows_cover_the_slice_the_last_taking_the_remainder():
                 yard = float(np.sqrt(np.sum((naive[0, 0][j] - truth[0, 0][j]) ** 2)))
                 floor = 2 * 2.0**-24 * float(np.sqrt(np.sum(truth[0, 0][j] ** 2)))
                 assert bound == pytest.approx(2 * yard + floor, rel=1e-12)
+    flat = rng.standard_normal(300)  # no token axis: the slice alone
+    got = rule_in_norm(np.ones(300, dtype=bool), flat, np.zeros(300), [flat * (1 + 1e-6)], 2.0**-24, window=RULE_WINDOW)
+    assert [(g[0], int(g[2].sum())) for g in got] == [("", 300)], got

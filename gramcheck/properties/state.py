@@ -488,14 +488,15 @@ def rule_in_norm(
     out = []
     for idx, mask in per_slice(judged):
         j = mask[idx]
+        parts = [("", j)]
         length = j.shape[-2] if j.ndim >= 2 else 0
-        rows = [(0, length)]
         if window is not None and length >= 2 * window:  # windows of window rows, the last taking the remainder
             starts = list(range(0, length - window + 1, window))
-            rows += list(zip(starts, [*starts[1:], length], strict=True))
-        for w, (a, b) in enumerate(rows):
-            jw = np.zeros_like(j)
-            jw[..., a:b, :] = j[..., a:b, :]
+            for a, b in zip(starts, [*starts[1:], length], strict=True):
+                jw = np.zeros_like(j)
+                jw[..., a:b, :] = j[..., a:b, :]
+                parts.append((f" tokens {a}-{b - 1}", jw))
+        for label, jw in parts:
             if not jw.any():
                 continue
             errs = [np.abs(x[idx] - truth[idx])[jw] for x in naives]
@@ -503,7 +504,6 @@ def rule_in_norm(
             naive_err = max(frobenius(e) for e in errs if np.all(np.isfinite(e))) if finite else 0.0
             yard = max(naive_err - frobenius(rad[idx][jw]), 0.0)
             bound = LOW_PRECISION_K * yard + LOW_PRECISION_FLOOR_ULPS * u * frobenius(scale[idx][jw])
-            label = f" tokens {a}-{b - 1}" if w else ""
             out.append((label, idx, jw, bound if finite else 0.0))
     return out
 
