@@ -261,8 +261,8 @@ def backward_agreement(target: Target, ex: AttentionInputs, *, causal: bool) -> 
 
 SIGNED_IN_16_BITS = (
     "signed features in a 16-bit dtype: on almost every example no gradient is judgeable, each one's floor (scaled "
-    "by the denominators' cancellation) reaching its own size, also in norm (2 of 661 examples for "
-    "builtin:performer-trig in bfloat16); gradcheck holds the float64 call to the float32 rule"
+    "by the denominators' cancellation) reaching its own size, also in norm (proofs/backward-agreement.md, "
+    "\"Denominators that can vanish\"); gradcheck holds the float64 call to the float32 rule"
 )
 
 
