@@ -267,6 +267,21 @@ def test_the_floor_needs_the_denominators_condition(monkeypatch):
     assert max(without) > 1.2, without
 
 
+@pytest.mark.parametrize(
+    ("variant", "params"), [("linear-relu", {}), ("linear-relu", {"eps": 1e-6}), ("performer-trig", {})]
+)
+@pytest.mark.parametrize(
+    ("form", "chunk_size", "causal"), [("chunked", 16, True), ("recurrent", 64, True), ("parallel", 64, False)]
+)
+def test_correct_forms_whose_denominators_can_vanish_pass(variant, params, form, chunk_size, causal):
+    """The rule with the denominators measured passes correct algorithms other than the definition: chunked in
+    chunks of 16, recurrent, parallel, with and without eps (fast-transformers' 1e-6)."""
+    t = builtin(variant, form=form, chunk_size=chunk_size, dtype="float32", **params)
+    kw = {"causal": causal, "dtype": "float32", "properties": ["backward-agreement"], "seed": 1, "domain": DOMAIN}
+    f = check(t, **kw)["backward-agreement"]
+    assert f.passed and not f.skipped and f.details["examples"] >= 1, f.details
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_signed_features_in_16_bits_are_skipped_with_their_reason(dtype):
     """Trig features in a 16-bit dtype: almost no example has a judgeable gradient, and the search spent minutes
