@@ -42,7 +42,7 @@ and says so in ``details["unjudged"]``, which a check's note carries.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -161,15 +161,24 @@ def accumulator_computes(
 
 
 def naive_forms(
-    variant: Any, q: Any, k: Any, v: Any, *, causal: bool, dtype: Any, reverse: bool = False, **kwargs: Any
+    variant: Any,
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    causal: bool,
+    dtype: Any,
+    rounding: Mapping[str, bool] | None = None,
+    **kwargs: Any,
 ) -> list[Naive]:
     """The low-precision rules' yardsticks: the definition, then each other standard algorithm of the
     variant (``Variant.algorithms``), evaluated with every operation rounded to ``dtype``, each with its
-    wide-range twin; ``reverse``: with every sum accumulated from the other end (``RoundedArith``)."""
+    wide-range twin; ``rounding``: ``RoundedArith``'s further options (another summation order, products in
+    float32: ``ROUNDINGS``)."""
     var = _variants.get(variant)
     rounded = []
     for wide in (False, True):
-        ar = RoundedArith(dtype, wide_range=wide, reverse=reverse)
+        ar = RoundedArith(dtype, wide_range=wide, **(rounding or {}))
         with np.errstate(all="ignore"):
             outs = [var.reference(q, k, v, causal=causal, arith=ar, **kwargs)]
             outs += var.algorithms(q, k, v, causal=causal, arith=ar, **kwargs)
@@ -177,22 +186,31 @@ def naive_forms(
     return [Naive(a, b) for a, b in zip(*rounded, strict=True)]
 
 
-class Yardsticks:
-    """The rule's yardsticks for one input in the two summation orders, evaluated when first needed:
-    ``evaluate(reverse)`` gives one order's list; ``forward`` sums from the start, ``both`` adds every
-    form summed from the end. A larger yardstick only passes more, so a rule asks for both orders only
-    where the target fails against the first (proofs/low-precision-rule.md, "Summation order")."""
+# The yardsticks' other roundings (proofs/low-precision-rule.md, "Summation order", "Products in float32"):
+# every sum accumulated from the other end; each product of two tensors formed and carried in float32, as a
+# kernel forms it in its registers (differs from the first rounding only below float32).
+ROUNDINGS: tuple[dict[str, bool], ...] = ({"reverse": True}, {"wide_products": True})
 
-    def __init__(self, evaluate: Callable[[bool], list[Any]]):
+
+class Yardsticks:
+    """The rule's yardsticks for one input, evaluated when first needed: ``evaluate(rounding)`` gives the
+    standard algorithms' list in one rounding (``RoundedArith``'s options); ``forward`` is the first (every
+    operation rounded to the dtype, sums from the start), ``every`` adds those of ``ROUNDINGS``. A larger
+    yardstick only passes more, so a rule asks for the others only where the target fails against the first
+    (proofs/low-precision-rule.md, "Summation order", "Products in float32")."""
+
+    def __init__(self, evaluate: Callable[[dict[str, bool]], list[Any]], dtype: Any):
         self._evaluate = evaluate
+        self._below_float32 = unit_roundoff(dtype) > unit_roundoff("float32")
 
     @functools.cached_property
     def forward(self) -> list[Any]:
-        return self._evaluate(False)
+        return self._evaluate({})
 
     @functools.cached_property
-    def both(self) -> list[Any]:
-        return self.forward + self._evaluate(True)
+    def every(self) -> list[Any]:
+        others = [r for r in ROUNDINGS if self._below_float32 or not r.get("wide_products")]
+        return self.forward + [x for r in others for x in self._evaluate(r)]
 
     def error(
         self,
@@ -202,16 +220,16 @@ class Yardsticks:
         size: Callable[[np.ndarray], float],
         fails: Callable[[float], bool],
     ) -> float:
-        """``yardstick_error`` over the first order's forms (``Naive``), or over both where ``fails`` says
-        the target fails against the first."""
+        """``yardstick_error`` over the first rounding's forms (``Naive``), or over every rounding's where
+        ``fails`` says the target fails against the first."""
         e = yardstick_error(self.forward, truth_value, judged, u, size)
-        return yardstick_error(self.both, truth_value, judged, u, size) if fails(e) else e
+        return yardstick_error(self.every, truth_value, judged, u, size) if fails(e) else e
 
 
 def naive_yardsticks(variant: Any, q: Any, k: Any, v: Any, *, causal: bool, dtype: Any, **kwargs: Any) -> Yardsticks:
-    """``naive_forms`` in both summation orders, each evaluated when first needed."""
+    """``naive_forms`` in each of the yardsticks' roundings, each evaluated when first needed."""
     kw = {"causal": causal, "dtype": dtype, **kwargs}
-    return Yardsticks(lambda reverse: naive_forms(variant, q, k, v, reverse=reverse, **kw))
+    return Yardsticks(lambda rounding: naive_forms(variant, q, k, v, rounding=rounding, **kw), dtype)
 
 
 @dataclass(frozen=True)

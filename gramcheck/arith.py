@@ -905,11 +905,13 @@ class RoundedArith(BallArith):
     dtype's significand in float64's exponent range, which tells the dtype's rounding from its
     underflow and overflow. ``reverse`` accumulates every sum and product from the other end of its
     axis (prefix sums excepted): the same algorithm in another summation order, whose error can differ
-    several-fold where terms cancel (proofs/low-precision-rule.md, "Summation order")."""
+    several-fold where terms cancel (proofs/low-precision-rule.md, "Summation order"). ``wide_products``
+    holds each product of two tensors in float32, as a kernel forms it (proofs/low-precision-rule.md,
+    "Products in float32")."""
 
     enclosing = False
 
-    def __init__(self, dtype: Any, *, wide_range: bool = False, reverse: bool = False):
+    def __init__(self, dtype: Any, *, wide_range: bool = False, reverse: bool = False, wide_products: bool = False):
         from .precision import dtype_name, smallest_normal
 
         super().__init__(_F64Backend())
@@ -917,12 +919,15 @@ class RoundedArith(BallArith):
         self.held_dtype = "float64" if self.dtype == "float64" else "float32"
         self.wide_range = wide_range
         self.reverse = reverse
+        self.wide_products = wide_products
         # where the target flushes (``subnormals``), every result and input below the smallest normal is 0
         # (an accumulation's partial sums are not); its wide-range twin keeps them, so that the rule tells
         # the flushed entries as range-decided
         self.flush_below = smallest_normal(self.dtype) if flushes(self.dtype) and not wide_range else 0.0
         flush = "-flush" if self.flush_below else ""
-        self.name = f"rounded-{self.dtype}" + ("-wide" if wide_range else "") + ("-reversed" if reverse else "") + flush
+        options = ("-wide" if wide_range else "") + ("-reversed" if reverse else "")
+        options += "-wide-products" if wide_products else ""
+        self.name = f"rounded-{self.dtype}{options}{flush}"
 
     def held(self, x: Any) -> Ball:
         x = self._lift(x)
@@ -995,7 +1000,7 @@ class RoundedArith(BallArith):
 
     def _mul(self, a: Ball, b: Ball) -> Ball:
         x, y = self._pair(a, b)
-        return self._r(x * y, a, b)
+        return self._r(x * y, *self._product_of(a, b))
 
     def _div(self, a: Ball, b: Ball) -> Ball:
         x, y = self._pair(a, b)
@@ -1036,7 +1041,14 @@ class RoundedArith(BallArith):
         a, b = self._lift(a), self._lift(b)
         ea, eb = self._exponent(a.mid, -1), self._exponent(b.mid, -2)
         y = np.ldexp(self._in_float32(np.matmul, np.ldexp(a.mid, -ea), np.ldexp(b.mid, -eb)), ea + eb)
-        return self._r(y, self._tensor(a), self._tensor(b))
+        return self._r(y, *self._product_of(self._tensor(a), self._tensor(b)))
+
+    def _product_of(self, a: Ball, b: Ball) -> tuple[Ball, Ball]:
+        """The operands of a product; under ``wide_products`` a product of two tensors is held in float32, as a
+        kernel forms it in its registers (exact there for 16-bit operands), and so is all computed from it."""
+        if self.wide_products and not (a.exact or b.exact):
+            return Ball(a.ar, a.mid, a.rad, False, True), b
+        return a, b
 
     @staticmethod
     def _tensor(x: Ball) -> Ball:

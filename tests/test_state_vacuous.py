@@ -531,3 +531,60 @@ def test_windows_cover_the_slice_the_last_taking_the_remainder():
     flat = rng.standard_normal(300)  # no token axis: the slice alone
     got = rule_in_norm(np.ones(300, dtype=bool), flat, np.zeros(300), [flat * (1 + 1e-6)], 2.0**-24, window=RULE_WINDOW)
     assert [(g[0], int(g[2].sum())) for g in got] == [("", 300)], got
+
+
+def _times(t: Target, out_factor: float, state_factor: float) -> Target:
+    """The target ``t`` with its output and its final state scaled by the factors."""
+
+    def fn(q, k, v, *, causal, initial_state=None, output_final_state=False, **kw):
+        res = t.fn(q, k, v, causal=causal, initial_state=initial_state, output_final_state=output_final_state, **kw)
+        return (res[0] * out_factor, res[1] * state_factor) if output_final_state else res * out_factor
+
+    return Target(fn, t.variant, dtype=t.dtype, params=dict(t.params), name=f"x {out_factor}, {state_factor}")
+
+
+@pytest.mark.parametrize(
+    "name, kind, dtype, part, off",
+    [
+        ("linear_unnormalised_bf16_d1_long.npz", "long", "bfloat16", "final_state[0,0] in norm", (1.0, 1.1)),
+        ("linear_unnormalised_f16_heavy_tail_n1.npz", "heavy-tail", "float16", "out[0,1] in norm", (1.02, 1.0)),
+    ],
+)
+def test_products_formed_in_float32_are_a_yardstick_of_the_state_rule(name, kind, dtype, part, off, monkeypatch):
+    """linear-unnormalised (elu + 1 features) from S_0, where the rule judges one entry of a slice (bfloat16,
+    N = 215, d = d_v = 1: S_N = 2.8 out of terms summing to 134 in magnitude; float16, N = 1: the one output of
+    its slice within range, 3.3e3 out of terms of 1e6). The builtin rounds each feature to the dtype and forms
+    every product in float32, as a kernel does; the definition in the dtype also rounds each product k_t v_t^T to
+    the dtype, and on these inputs those roundings cancel the features' (its error 0.0012 against the builtin's
+    0.058, and 1.3 against 16.7). Against that yardstick alone the builtin failed (2.38, 2.83); with products
+    formed in float32 among the yardsticks (``agreement.ROUNDINGS``) it passes, and a final state 10% off (the
+    builtin errs 2%: the terms cancel 48-fold) or an output 2% off still fails in that part."""
+    from gramcheck import agreement as A
+
+    ex = _saved(name, kind, dtype)
+    t = builtin("linear-unnormalised", dtype=dtype)
+    ok = state_agreement(t, ex, causal=True)
+    assert ok.passed, ok.details
+    bad = state_agreement(_times(t, *off), ex, causal=True)
+    assert not bad.passed and bad.details["entry"].split("[")[0] == part.split("[")[0], bad.details
+    monkeypatch.setattr(A, "ROUNDINGS", tuple(r for r in A.ROUNDINGS if "wide_products" not in r))
+    alone = state_agreement(t, ex, causal=True)
+    assert not alone.passed and alone.details["entry"] == part, alone.details
+
+
+def test_products_of_two_tensors_are_held_in_float32_under_wide_products():
+    """RoundedArith(wide_products=True): k * v of two bfloat16 tensors is their exact product (float32 holds
+    16 significant bits) and stays float32 through what follows; a constant times a tensor, and every product
+    without the option, is rounded to the dtype."""
+    from gramcheck.arith import RoundedArith
+
+    k = round_to(np.array([1.0 + 2.0**-7, 3.0 + 2.0**-6]), "bfloat16")
+    v = round_to(np.array([1.0 + 2.0**-7, 1.0 - 2.0**-8]), "bfloat16")
+    for wide, expected in ((True, k * v), (False, round_to(k * v, "bfloat16"))):
+        ar = RoundedArith("bfloat16", wide_products=wide)
+        kv = ar.asarray(k) * ar.asarray(v)
+        assert kv.held == wide
+        np.testing.assert_array_equal(ar.to_float64(kv), expected)
+        scaled = ar.asarray(k) * 0.3
+        assert not scaled.held
+    assert not np.array_equal(k * v, round_to(k * v, "bfloat16"))

@@ -351,7 +351,7 @@ class Vacuous:
         if not any(m.any() for m in rule):
             return parts, rule
         names = ("out", "final_state")
-        orders = Yardsticks(lambda reverse: naive_with_state(target, ex, s0, reverse=reverse))
+        orders = Yardsticks(lambda rounding: naive_with_state(target, ex, s0, rounding), target.dtype)
         past = overflow_threshold(target.dtype)
         rule = tuple(  # type: ignore[assignment]
             m & np.isfinite(d) & ~(np.abs(t) >= past) for m, d, t in zip(rule, orders.forward[0], truths, strict=True)
@@ -372,7 +372,7 @@ class Vacuous:
 
         parts = judged_by(orders.forward)
         if any(not p.error <= p.bound for p in parts.values()):
-            parts = judged_by(orders.both)
+            parts = judged_by(orders.every)
         return parts, rule
 
     def counts(self, rule: tuple[np.ndarray, np.ndarray]) -> dict[str, Any]:
@@ -411,13 +411,13 @@ def vacuous(target: Target, ex: AttentionInputs, s0: np.ndarray | None, bounds: 
 
 
 def naive_with_state(
-    target: Target, ex: AttentionInputs, s0: np.ndarray | None, *, reverse: bool = False
+    target: Target, ex: AttentionInputs, s0: np.ndarray | None, rounding: Mapping[str, bool] | None = None
 ) -> list[tuple[np.ndarray, np.ndarray]]:
     """(out, S_N) of the definition, then of each other standard algorithm of the variant
     (``Variant.algorithms``), evaluated in the target's dtype (``RoundedArith``: the state held in
-    float32, the output stored in the dtype) from S_0: the low-precision rule's yardsticks; ``reverse``:
-    every sum accumulated from the other end (proofs/low-precision-rule.md, "Summation order")."""
-    ar = RoundedArith(target.dtype, reverse=reverse)
+    float32, the output stored in the dtype) from S_0: the low-precision rule's yardsticks; ``rounding``:
+    ``RoundedArith``'s further options (``agreement.ROUNDINGS``)."""
+    ar = RoundedArith(target.dtype, **(rounding or {}))
     kw = {**target.params, **ex.extras, "initial_state": s0, "output_final_state": True}
     with np.errstate(all="ignore"):
         runs = [_reference(target, ex, ar, initial_state=s0)]
