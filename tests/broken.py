@@ -480,6 +480,22 @@ def gla_first_packed_backward_wrong():
     return fn
 
 
+def packed_backward_scaled(variant: str, name: str, factor: float):
+    """The builtin ``variant`` whose backward scales d``name`` by ``factor`` when it runs packed sequences (its
+    forward, and every unpacked run, right)."""
+
+    def fn(q, k, v, *, causal, cu_seqlens=None, **kw):
+        x = {"q": q, "k": k, "v": v}
+        if cu_seqlens is not None and x[name].requires_grad:
+            x[name] = x[name] + (factor - 1.0) * (x[name] - x[name].detach())
+            kw["cu_seqlens"] = cu_seqlens
+        elif cu_seqlens is not None:
+            kw["cu_seqlens"] = cu_seqlens
+        return V.get(variant).torch(x["q"], x["k"], x["v"], causal=causal, **kw)
+
+    return fn
+
+
 def softmax_in_float32_with_dq_garbage_on_duplicate_keys(q, k, v, *, causal):
     """softmax computed in float32 whose dq gains 10 rowsum(W) where every key coincides to within 1e-4 (the
     forward is unchanged). There dq cancels to ~1e-9 against terms of ~5: a gradient no float32 rule resolves,
