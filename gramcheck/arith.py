@@ -246,12 +246,16 @@ class Arith:
         if keep is not None:
             vals = np.where(keep, vals, -np.inf)
         m = np.max(vals, axis=axis, keepdims=True)
-        return self.asarray(np.where(np.isfinite(m), m, 0.0))
+        return self.constant_from(np.where(np.isfinite(m), m, 0.0), x)
 
     def running_max(self, x: Array, axis: int) -> Array:
         """An exact constant, the cumulative maximum of x along ``axis`` (x itself an exact constant, e.g.
         from ``stop_max``): a stabilising shift that may only look backwards."""
-        return self.asarray(np.maximum.accumulate(np.asarray(self.b.to_float64(self.mid(x))), axis=axis))
+        return self.constant_from(np.maximum.accumulate(np.asarray(self.b.to_float64(self.mid(x))), axis=axis), x)
+
+    def constant_from(self, c: np.ndarray, x: Array) -> Array:
+        """A constant taken from the values of x (a stabilising maximum), as the arithmetic holds x's values."""
+        return self.asarray(c)
 
     def shifted(self, x: Array, base: Array, axis: int) -> Array:
         """x - (top - base) with top = max_axis (x + base), for a stabilising constant ``base``
@@ -993,6 +997,11 @@ class RoundedArith(BallArith):
 
     def radius(self, x: Ball) -> np.ndarray:
         return np.zeros(np.shape(x.mid))
+
+    def constant_from(self, c: np.ndarray, x: Any) -> Ball:
+        """In the precision x is in: float32 where x is ``held`` (a kernel takes the maximum of its registers; a
+        shift rounded to the dtype leaves the largest exponent up to an ulp of it away from 0)."""
+        return self._r(c, self._tensor(x)) if getattr(x, "held", False) else self.asarray(c)
 
     def _add(self, a: Ball, b: Ball) -> Ball:
         x, y = self._pair(a, b, to_tensor=True)

@@ -208,20 +208,38 @@ def test_a_shared_inputs_packed_gradient_is_summed_over_the_sequences_in_float32
     assert np.all(np.isfinite(packed["u"][in_range]))
 
 
-@pytest.mark.parametrize("variant", ["linear-relu", "performer-trig"])
 @pytest.mark.parametrize("name", ["q", "k", "v"])
-def test_packed_gradients_are_compared_where_the_features_denominators_can_vanish(variant, name):
-    """relu and trigonometric features (``feature-denominator``): the packed gradients are compared with each
-    sequence's alone, against the backward rule's bound from the definition in the dtype, whose own error carries
-    its denominators' cancellation. The builtin passes; a packed backward 2% off in any of dq, dk, dv fails."""
+def test_a_packed_backward_off_fails(name):
+    """linear-elu, float32: a packed backward 2% off in any of dq, dk, dv fails packing; the builtin passes."""
     from broken import packed_backward_scaled
 
-    ok = check(f"builtin:{variant}", dtype="float32", causal=True, properties=["packing"], seed=0)
+    ok = check("builtin:linear-elu", dtype="float32", causal=True, properties=["packing"], seed=0)
     assert ok.findings[0].passed, ok.findings[0].details
-    bad = check(packed_backward_scaled(variant, name, 1.02), variant, dtype="float32", causal=True,
+    bad = check(packed_backward_scaled("linear-elu", name, 1.02), "linear-elu", dtype="float32", causal=True,
                 properties=["packing"], seed=0)  # fmt: skip
     f = bad.findings[0]
     assert not f.passed and f.details["entry"].startswith(f"d{name}"), f.details
+
+
+def _packed_recurrent_alone_chunked(variant: str):
+    """A correct target: packed calls run the builtin recurrent form, unpacked calls the chunked form."""
+
+    def fn(q, k, v, *, causal, cu_seqlens=None, **kw):
+        form = "recurrent" if cu_seqlens is not None else "chunked"
+        extra = {"cu_seqlens": cu_seqlens} if cu_seqlens is not None else {}
+        return V.get(variant).torch(q, k, v, causal=causal, form=form, **extra, **kw)
+
+    return fn
+
+
+@pytest.mark.parametrize("variant, dtype", [("linear-relu", "bfloat16"), ("performer-trig", "float16")])
+def test_packed_gradients_where_a_denominator_can_vanish_are_said_unjudged(variant, dtype):
+    """relu and trigonometric features: near a vanishing denominator two correct forms' gradients differ by the
+    cancellation, of which packing's bound takes no measure (recurrent packed against chunked alone failed at
+    1e8 when they were compared). The gradients are not compared, and the Finding says so."""
+    f = check(_packed_recurrent_alone_chunked(variant), variant, dtype=dtype, causal=True, properties=["packing"],
+              seed=0).findings[0]  # fmt: skip
+    assert f.passed and f.details["unjudged"] == ["gradients"], f.details
 
 
 def test_packed_gradients_left_uncompared_are_said():

@@ -588,3 +588,8 @@ def test_products_of_two_tensors_are_held_in_float32_under_wide_products():
         scaled = ar.asarray(k) * 0.3
         assert not scaled.held
     assert not np.array_equal(k * v, round_to(k * v, "bfloat16"))
+    ar = RoundedArith("bfloat16", wide_products=True)  # a shift taken from a held value is held: its maximum is 0
+    kv = ar.asarray(k) * ar.asarray(v)
+    shifted = kv - ar.stop_max(kv, -1)
+    assert shifted.held and ar.to_float64(shifted).max() == 0.0
+    assert ar.to_float64(ar.asarray(k) - ar.stop_max(ar.asarray(k), -1)).max() == 0.0

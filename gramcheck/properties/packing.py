@@ -21,7 +21,7 @@ from ..forms import CHUNK_SIZES
 from ..precision import overflow_threshold, round_to
 from ..strategies import AttentionInputs
 from ..targets import Target, taped
-from .backward import definition_gradients, differentiable, measured_denominators, target_gradients
+from .backward import definition_gradients, differentiable, smooth_definition, target_gradients
 from .base import bound_of, guarded
 from .invariants import _rng, _undefined, replacement
 from .state import _diff, _segment, initial_state_of, parts_finding, state_bound
@@ -62,7 +62,7 @@ def _row(ex: AttentionInputs) -> AttentionInputs:
 def packing(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding | None:
     """Packed = each sequence alone: outputs and states within the sum of the two runs' 2 R(u), gradients
     within twice the backward rule's bound (proofs/backward-agreement.md) of each sequence, below float64 where
-    that rule applies (``measured_denominators``); elsewhere ``details["unjudged"]`` names the gradients."""
+    the definition is smooth (``smooth_definition``); elsewhere ``details["unjudged"]`` names the gradients."""
     if not target.packs:
         return _not_declared("packing", target)
     ex = _row(ex)
@@ -100,9 +100,10 @@ def packing(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding | N
         out_a = np.concatenate(alone, axis=2)
         b = np.concatenate([bound_of(target, s, causal=causal) for s in segs], axis=2)
         parts = {"out": (_diff(packed, out_a, target.dtype), 2 * b)}
-    # float64 has no yardstick of its own (the definition's float64 gradients are the reference), and where the
-    # backward rule does not apply neither does its bound: the Finding says the gradients went unjudged
-    compared = target.dtype != "float64" and measured_denominators(target.variant, causal, dict(target.params))
+    # float64 has no yardstick of its own (the definition's float64 gradients are the reference); where a
+    # denominator can vanish the bound below takes no measure of its cancellation, and two correct forms (recurrent
+    # packed, chunked alone) differed by 1e8 times it: the Finding says the gradients went unjudged
+    compared = target.dtype != "float64" and smooth_definition(target.variant, causal, dict(target.params))
     if compared:
         parts.update(_gradient_parts(target, ex, segs, cu, s0s, causal=causal))
     unjudged = [] if compared else ["gradients"]
