@@ -51,7 +51,7 @@ import numpy as np
 from . import algorithm_underflow
 from . import variants as _variants
 from .arith import F64, ProbabilisticModel, ResolutionModel, RoundedArith, flushes, rounding_model, subnormals
-from .findings import Finding, error_ratios
+from .findings import Finding, add_note, error_ratios
 from .oracle import truth, truth_given
 from .precision import dtype_name, overflow_threshold, round_to, unit_roundoff
 from .spectra import decayed_cumsum, denominator_terms
@@ -455,18 +455,13 @@ def row_scales(pbound: np.ndarray, magnitude: np.ndarray, u: float) -> np.ndarra
 COARSE_YARDSTICK = 0.1  # a yardstick off by this share of its slice's norm: said in the Finding's note
 
 
-def _add_note(details: dict[str, Any], text: str) -> None:
-    """Append ``text`` to the Finding's note (what its verdict does not cover)."""
-    details["note"] = "; ".join(filter(None, (details.get("note"), text)))
-
-
 def _counted(details: dict[str, Any], key: str, mask: np.ndarray, text: str) -> int:
     """How many entries ``mask`` holds: recorded under ``key`` and said in the note (the count, then ``text``)
     where there are any."""
     n = int(np.sum(mask))
     if n:
         details[key] = n
-        _add_note(details, f"{n} {text}")
+        add_note(details, f"{n} {text}")
     return n
 
 
@@ -982,7 +977,7 @@ def _judge(
         lp_count = int(lp_all.sum())
         if coarsest >= COARSE_YARDSTICK:  # the dtype computes that slice to no better than this
             details["yardstick_share"] = coarsest
-            _add_note(details, f"the rule's yardstick errs {coarsest:.0%} of a slice's norm: its verdict says little")
+            add_note(details, f"the rule's yardstick errs {coarsest:.0%} of a slice's norm: its verdict says little")
         if r_lp >= 0:
             ratios["low-precision rule"] = r_lp
             if r_lp > measured:

@@ -134,3 +134,8 @@ class Finding:
         d["verdict"] = self.verdict
         d["margin"] = self.margin
         return d
+
+
+def add_note(details: dict[str, Any], text: str) -> None:
+    """Append ``text`` to a Finding's note (what its verdict does not cover)."""
+    details["note"] = "; ".join(filter(None, (details.get("note"), text)))

@@ -23,7 +23,7 @@ from hypothesis.errors import Flaky, Unsatisfiable
 
 from . import threads as _threads
 from .arith import subnormals
-from .findings import Finding
+from .findings import Finding, add_note
 from .locate import annotate
 from .properties import Property
 from .strategies import HEAD_SIZES, KINDS, VALUE_DIMS, attention_inputs, profile, sample
@@ -318,7 +318,13 @@ def _run_property(
     f = state.worst[0]
     f.details["examples"] = state.count
     _coverage(f, kinds, state, rows)
+    if state.count < budget * FEW_EXAMPLES:
+        outside = "the others were outside the property's premise"
+        add_note(f.details, f"judged on {state.count} of the {budget} examples asked for; {outside}")
     return f
+
+
+FEW_EXAMPLES = 0.25  # a pass judged on fewer than this share of the examples asked for says so in its note
 
 
 class _State:
@@ -424,7 +430,7 @@ def _coverage(f: Finding, kinds: tuple[str, ...], state: _State, max_b: int | No
         f.details["kinds_not_drawn"] = missing
     if state.unjudged:
         f.details["unjudged"] = sorted(state.unjudged)
-        f.details["note"] = f"not judged on every example: {', '.join(sorted(state.unjudged))}"
+        add_note(f.details, f"not judged on every example: {', '.join(sorted(state.unjudged))}")
 
 
 def _no_examples(prop: Property) -> Finding:

@@ -629,3 +629,15 @@ def test_the_plain_call_of_a_state_passing_target_is_judged_by_the_rule(dtype):
         assert not f.passed and f.details["call"] == "plain", (f.name, f.details)
     ok = check("builtin:gla", causal=True, dtype=dtype, properties=props, seed=0)
     assert ok.passed, ok.summary()
+
+
+def test_a_pass_judged_on_few_examples_says_so():
+    """linear-relu at d = 1, causal: nearly every draw has a row with no positive overlap (0 / 0, outside the
+    domain of the exact gradient), so backward-agreement judges 1-2 of the 25 examples asked for; its pass says
+    so in its note. A check that judges its examples carries no such note."""
+    few = check("builtin:linear-relu", dtype="float32", causal=True, properties=["backward-agreement"], seed=0,
+                domain={"min_d": 1, "max_d": 1}).findings[0]  # fmt: skip
+    assert few.passed and few.details["examples"] < 25 * 0.25, few.details
+    assert f"judged on {few.details['examples']} of the 25 examples asked for" in few.details["note"], few.details
+    many = check("builtin:linear-elu", dtype="float32", causal=True, properties=["backward-agreement"], seed=0)
+    assert "examples asked for" not in many.findings[0].details.get("note", ""), many.findings[0].details
