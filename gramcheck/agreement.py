@@ -173,8 +173,7 @@ def naive_forms(
 ) -> list[Naive]:
     """The low-precision rules' yardsticks: the definition, then each other standard algorithm of the
     variant (``Variant.algorithms``), evaluated with every operation rounded to ``dtype``, each with its
-    wide-range twin; ``rounding``: ``RoundedArith``'s further options (another summation order, products in
-    float32: ``ROUNDINGS``)."""
+    wide-range twin; ``rounding``: ``RoundedArith``'s further options (``REVERSED``)."""
     var = _variants.get(variant)
     rounded = []
     for wide in (False, True):
@@ -186,22 +185,25 @@ def naive_forms(
     return [Naive(a, b) for a, b in zip(*rounded, strict=True)]
 
 
-# The yardsticks' other roundings (proofs/low-precision-rule.md, "Summation order", "Products in float32"):
-# every sum accumulated from the other end; each product of two tensors formed and carried in float32, as a
-# kernel forms it in its registers (differs from the first rounding only below float32).
-ROUNDINGS: tuple[dict[str, bool], ...] = ({"reverse": True}, {"wide_products": True})
+# The yardsticks' other roundings: every sum accumulated from the other end (proofs/low-precision-rule.md,
+# "Summation order"); each product of two tensors formed and carried in float32, as a kernel forms it in its
+# registers (the state rule's, below float32: "Products in float32").
+REVERSED: dict[str, bool] = {"reverse": True}
+WIDE_PRODUCTS: dict[str, bool] = {"wide_products": True}
 
 
 class Yardsticks:
     """The rule's yardsticks for one input, evaluated when first needed: ``evaluate(rounding)`` gives the
     standard algorithms' list in one rounding (``RoundedArith``'s options); ``forward`` is the first (every
-    operation rounded to the dtype, sums from the start), ``every`` adds those of ``ROUNDINGS``. A larger
-    yardstick only passes more, so a rule asks for the others only where the target fails against the first
-    (proofs/low-precision-rule.md, "Summation order", "Products in float32")."""
+    operation rounded to the dtype, sums from the start), ``every`` adds those of the ``others`` roundings. A
+    larger yardstick only passes more, so a rule asks for the others only where the target fails against the first
+    (proofs/low-precision-rule.md, "Summation order")."""
 
-    def __init__(self, evaluate: Callable[[dict[str, bool]], list[Any]], dtype: Any):
+    def __init__(
+        self, evaluate: Callable[[dict[str, bool]], list[Any]], others: tuple[dict[str, bool], ...] = (REVERSED,)
+    ):
         self._evaluate = evaluate
-        self._below_float32 = unit_roundoff(dtype) > unit_roundoff("float32")
+        self._others = others
 
     @functools.cached_property
     def forward(self) -> list[Any]:
@@ -209,8 +211,7 @@ class Yardsticks:
 
     @functools.cached_property
     def every(self) -> list[Any]:
-        others = [r for r in ROUNDINGS if self._below_float32 or not r.get("wide_products")]
-        return self.forward + [x for r in others for x in self._evaluate(r)]
+        return self.forward + [x for r in self._others for x in self._evaluate(r)]
 
     def error(
         self,
@@ -229,7 +230,7 @@ class Yardsticks:
 def naive_yardsticks(variant: Any, q: Any, k: Any, v: Any, *, causal: bool, dtype: Any, **kwargs: Any) -> Yardsticks:
     """``naive_forms`` in each of the yardsticks' roundings, each evaluated when first needed."""
     kw = {"causal": causal, "dtype": dtype, **kwargs}
-    return Yardsticks(lambda rounding: naive_forms(variant, q, k, v, rounding=rounding, **kw), dtype)
+    return Yardsticks(lambda rounding: naive_forms(variant, q, k, v, rounding=rounding, **kw))
 
 
 @dataclass(frozen=True)

@@ -318,13 +318,13 @@ def _run_property(
     f = state.worst[0]
     f.details["examples"] = state.count
     _coverage(f, kinds, state, rows)
-    if state.count < budget * FEW_EXAMPLES:
-        outside = "the others were outside the property's premise"
-        add_note(f.details, f"judged on {state.count} of the {budget} examples asked for; {outside}")
+    if state.count <= budget * FEW_EXAMPLES:
+        rest = "the others fell outside the property's premise or were not drawn"
+        add_note(f.details, f"judged on {state.count} of the {budget} examples asked for; {rest}")
     return f
 
 
-FEW_EXAMPLES = 0.25  # a pass judged on fewer than this share of the examples asked for says so in its note
+FEW_EXAMPLES = 0.25  # a pass judged on no more than this share of the examples asked for says so in its note
 
 
 class _State:
@@ -336,11 +336,13 @@ class _State:
         self.timed_out: list[Finding] = []
         self.drawn: dict[str, int] = {}
         self.failing: list[Any] = []
-        self.unjudged: set[str] = set()  # parts some example's Finding could not judge (``details["unjudged"]``)
+        self.unjudged: dict[str, int] = {}  # per part some example's Finding could not judge (``details["unjudged"]``),
+        # the examples that could not
 
     def record(self, f: Finding) -> None:
-        """Keep f if it is the worst so far, and the parts it could not judge."""
-        self.unjudged.update(f.details.get("unjudged", ()))
+        """Keep f if it is the worst so far, and count the parts it could not judge."""
+        for part in f.details.get("unjudged", ()):
+            self.unjudged[part] = self.unjudged.get(part, 0) + 1
         if not self.worst or _worse(f, self.worst[0]):
             self.worst[:] = [f]
 
@@ -430,7 +432,8 @@ def _coverage(f: Finding, kinds: tuple[str, ...], state: _State, max_b: int | No
         f.details["kinds_not_drawn"] = missing
     if state.unjudged:
         f.details["unjudged"] = sorted(state.unjudged)
-        add_note(f.details, f"not judged on every example: {', '.join(sorted(state.unjudged))}")
+        counts = ", ".join(f"{p} on {n} of {max(state.count, n)}" for p, n in sorted(state.unjudged.items()))
+        add_note(f.details, f"not judged: {counts} examples")
 
 
 def _no_examples(prop: Property) -> Finding:

@@ -122,7 +122,7 @@ def test_a_tensor_the_floor_cannot_judge_is_named_not_passed():
 
 def test_gradients_not_judged_on_some_examples_are_named_in_the_finding():
     """The search reports the union of the parts its examples could not judge, not only the reported
-    example's (search._State.record, search._coverage)."""
+    example's, each with the number of examples that could not (search._State.record, search._coverage)."""
     from gramcheck.findings import Finding
     from gramcheck.search import _coverage, _State
 
@@ -131,10 +131,11 @@ def test_gradients_not_judged_on_some_examples_are_named_in_the_finding():
     state.record(worst)
     state.record(Finding("backward-agreement", 0.1, 1.0, details={"unjudged": ["dbeta"]}))
     state.record(Finding("backward-agreement", 0.2, 1.0, details={}))
+    state.count = 3
     assert state.worst == [worst]
     _coverage(worst, ("gaussian",), state)
     assert worst.details["unjudged"] == ["dbeta", "dq"]
-    assert worst.details["note"] == "not judged on every example: dbeta, dq"
+    assert worst.details["note"] == "not judged: dbeta on 1 of 3, dq on 1 of 3 examples"
 
 
 def test_naive_definition_measures_near_one_half():

@@ -317,7 +317,7 @@ def test_a_key_given_twice_or_a_rewritten_layout_is_refused_even_under_a_signatu
 
 def test_every_field_of_a_property_is_compared_and_each_property_is_listed_once(leaky, tmp_path):
     """verify compared verdict, measured, bound, examples, rigour and failure only: a rehashed file whose details
-    dropped the 'not judged on every example' note, or whose margin or counterexample was edited, reproduced.
+    dropped the 'not judged' note, or whose margin or counterexample was edited, reproduced.
     Every field is compared now, and a property listed twice (a made-up entry before the real one) is refused."""
     _, path = leaky
     for npz in path.parent.glob("leak.*.npz"):  # the counterexample files, beside the edited copies

@@ -557,9 +557,10 @@ def test_products_formed_in_float32_are_a_yardstick_of_the_state_rule(name, kind
     every product in float32, as a kernel does; the definition in the dtype also rounds each product k_t v_t^T to
     the dtype, and on these inputs those roundings cancel the features' (its error 0.0012 against the builtin's
     0.058, and 1.3 against 16.7). Against that yardstick alone the builtin failed (2.38, 2.83); with products
-    formed in float32 among the yardsticks (``agreement.ROUNDINGS``) it passes, and a final state 10% off (the
+    formed in float32 among the yardsticks (``state.state_roundings``) it passes, and a final state 10% off (the
     builtin errs 2%: the terms cancel 48-fold) or an output 2% off still fails in that part."""
-    from gramcheck import agreement as A
+    from gramcheck.agreement import REVERSED
+    from gramcheck.properties import state as S
 
     ex = _saved(name, kind, dtype)
     t = builtin("linear-unnormalised", dtype=dtype)
@@ -567,7 +568,7 @@ def test_products_formed_in_float32_are_a_yardstick_of_the_state_rule(name, kind
     assert ok.passed, ok.details
     bad = state_agreement(_times(t, *off), ex, causal=True)
     assert not bad.passed and bad.details["entry"].split("[")[0] == part.split("[")[0], bad.details
-    monkeypatch.setattr(A, "ROUNDINGS", tuple(r for r in A.ROUNDINGS if "wide_products" not in r))
+    monkeypatch.setattr(S, "state_roundings", lambda dtype: (REVERSED,))
     alone = state_agreement(t, ex, causal=True)
     assert not alone.passed and alone.details["entry"] == part, alone.details
 

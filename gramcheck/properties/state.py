@@ -26,6 +26,8 @@ from ..agreement import (
     LOW_PRECISION_FLOOR_ULPS,
     LOW_PRECISION_K,
     REASSOCIATION_FACTOR,
+    REVERSED,
+    WIDE_PRODUCTS,
     Yardsticks,
     loose_threshold,
     output_distance,
@@ -351,7 +353,7 @@ class Vacuous:
         if not any(m.any() for m in rule):
             return parts, rule
         names = ("out", "final_state")
-        orders = Yardsticks(lambda rounding: naive_with_state(target, ex, s0, rounding), target.dtype)
+        orders = Yardsticks(lambda rounding: naive_with_state(target, ex, s0, rounding), state_roundings(target.dtype))
         past = overflow_threshold(target.dtype)
         rule = tuple(  # type: ignore[assignment]
             m & np.isfinite(d) & ~(np.abs(t) >= past) for m, d, t in zip(rule, orders.forward[0], truths, strict=True)
@@ -410,13 +412,25 @@ def vacuous(target: Target, ex: AttentionInputs, s0: np.ndarray | None, bounds: 
     return Vacuous(masks[0] & ~noise[0], masks[1] & ~noise[1], sizes, u, (noise[0], noise[1]), (loose[0], loose[1]))
 
 
+def state_roundings(dtype: Any) -> tuple[dict[str, bool], ...]:
+    """The state rule's other yardstick roundings: the other summation order and, below float32, each product of
+    two tensors formed in float32 as a kernel forms it. Where the rule judges a slice of one entry (a final state
+    at d_k = d_v = 1) the first rounding's error is a sample of one, and its product roundings cancelled its
+    features' on inputs where a correct kernel failed (proofs/low-precision-rule.md, "Products in float32").
+    The forward rules keep the other order alone: there the products rounding made ill-conditioned inputs' yardstick
+    3-5 times looser, and no false alarm asked for it."""
+    if unit_roundoff(dtype) > unit_roundoff("float32"):
+        return (REVERSED, WIDE_PRODUCTS)
+    return (REVERSED,)
+
+
 def naive_with_state(
     target: Target, ex: AttentionInputs, s0: np.ndarray | None, rounding: Mapping[str, bool] | None = None
 ) -> list[tuple[np.ndarray, np.ndarray]]:
     """(out, S_N) of the definition, then of each other standard algorithm of the variant
     (``Variant.algorithms``), evaluated in the target's dtype (``RoundedArith``: the state held in
     float32, the output stored in the dtype) from S_0: the low-precision rule's yardsticks; ``rounding``:
-    ``RoundedArith``'s further options (``agreement.ROUNDINGS``)."""
+    ``RoundedArith``'s further options (``state_roundings``)."""
     ar = RoundedArith(target.dtype, **(rounding or {}))
     kw = {**target.params, **ex.extras, "initial_state": s0, "output_final_state": True}
     with np.errstate(all="ignore"):
