@@ -301,7 +301,8 @@ def _run_property(
                     f.details["shrunk"] = True
                 else:
                     f.details["shrunk"] = False
-                f.details["examples"] = state.count + again.count
+                state.absorb(again)
+                f.details["examples"] = state.count
                 _coverage(f, kinds, state, rows)
                 annotate(f, prop, target, ex, causal=causal, chunks=domain.chunks)
                 return f
@@ -338,6 +339,13 @@ class _State:
         self.failing: list[Any] = []
         self.unjudged: dict[str, int] = {}  # per part some example's Finding could not judge (``details["unjudged"]``),
         # the examples that could not
+
+    def absorb(self, other: _State) -> None:
+        """Count ``other``'s examples, kinds and unjudged parts as this search's own (a shrink search's)."""
+        self.count += other.count
+        for mine, theirs in ((self.drawn, other.drawn), (self.unjudged, other.unjudged)):
+            for key, n in theirs.items():
+                mine[key] = mine.get(key, 0) + n
 
     def record(self, f: Finding) -> None:
         """Keep f if it is the worst so far, and count the parts it could not judge."""

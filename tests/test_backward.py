@@ -136,6 +136,14 @@ def test_gradients_not_judged_on_some_examples_are_named_in_the_finding():
     _coverage(worst, ("gaussian",), state)
     assert worst.details["unjudged"] == ["dbeta", "dq"]
     assert worst.details["note"] == "not judged: dbeta on 1 of 3, dq on 1 of 3 examples"
+    shrink = _State()  # a reserve kind's shrink search: its examples and unjudged parts count as the search's own
+    shrink.record(Finding("backward-agreement", 2.0, 1.0, details={"unjudged": ["dq"]}))
+    shrink.count, shrink.drawn = 2, {"gaussian": 2}
+    state.absorb(shrink)
+    del worst.details["note"]
+    _coverage(worst, ("gaussian",), state)
+    assert state.count == 5 and worst.details["kinds_drawn"] == {"gaussian": 2}
+    assert worst.details["note"] == "not judged: dbeta on 1 of 5, dq on 2 of 5 examples"
 
 
 def test_naive_definition_measures_near_one_half():
