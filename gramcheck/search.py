@@ -337,8 +337,8 @@ class _State:
         self.timed_out: list[Finding] = []
         self.drawn: dict[str, int] = {}
         self.failing: list[Any] = []
-        self.unjudged: dict[str, int] = {}  # per part some example's Finding could not judge (``details["unjudged"]``),
-        # the examples that could not
+        # how many examples' Findings could not judge each part (``details["unjudged"]``)
+        self.unjudged: dict[str, int] = {}
 
     def absorb(self, other: _State) -> None:
         """Count ``other``'s examples, kinds and unjudged parts as this search's own (a shrink search's)."""
