@@ -1056,7 +1056,7 @@ class RoundedArith(BallArith):
         """The operands of a product; under ``wide_products`` a product of two tensors is held in float32, as a
         kernel forms it in its registers (exact there for 16-bit operands), and so is all computed from it."""
         if self.wide_products and not (a.exact or b.exact):
-            return Ball(a.ar, a.mid, a.rad, False, True), b
+            return self.held(a), b
         return a, b
 
     @staticmethod

@@ -486,11 +486,10 @@ def packed_backward_scaled(variant: str, name: str, factor: float):
 
     def fn(q, k, v, *, causal, cu_seqlens=None, **kw):
         x = {"q": q, "k": k, "v": v}
-        if cu_seqlens is not None and x[name].requires_grad:
-            x[name] = x[name] + (factor - 1.0) * (x[name] - x[name].detach())
+        if cu_seqlens is not None:
             kw["cu_seqlens"] = cu_seqlens
-        elif cu_seqlens is not None:
-            kw["cu_seqlens"] = cu_seqlens
+            if x[name].requires_grad:
+                x[name] = x[name] + (factor - 1.0) * (x[name] - x[name].detach())
         return V.get(variant).torch(x["q"], x["k"], x["v"], causal=causal, **kw)
 
     return fn

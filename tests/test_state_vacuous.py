@@ -36,14 +36,19 @@ def _recurrent_gla(q, k, v, *, causal, g, initial_state=None, output_final_state
     return V.get("gla").torch(q, k, v, causal=True, g=g, form="recurrent", chunk_size=1, **kw)
 
 
-def _final_state_times(t: Target, factor: float) -> Target:
-    """The target ``t`` whose final state is ``factor`` times its own (its output unchanged)."""
+def _times(t: Target, out_factor: float, state_factor: float) -> Target:
+    """The target ``t`` with its output and its final state scaled by the factors."""
 
     def fn(q, k, v, *, causal, initial_state=None, output_final_state=False, **kw):
         res = t.fn(q, k, v, causal=causal, initial_state=initial_state, output_final_state=output_final_state, **kw)
-        return (res[0], res[1] * factor) if output_final_state else res
+        return (res[0] * out_factor, res[1] * state_factor) if output_final_state else res * out_factor
 
-    return Target(fn, t.variant, dtype=t.dtype, params=dict(t.params), name=f"final state x {factor}")
+    return Target(fn, t.variant, dtype=t.dtype, params=dict(t.params), name=f"x {out_factor}, {state_factor}")
+
+
+def _final_state_times(t: Target, factor: float) -> Target:
+    """The target ``t`` whose final state is ``factor`` times its own (its output unchanged)."""
+    return _times(t, 1.0, factor)
 
 
 def _final_state_erring(t: Target, multiple: float, when=lambda initial_state: initial_state is not None) -> Target:
@@ -531,16 +536,6 @@ def test_windows_cover_the_slice_the_last_taking_the_remainder():
     flat = rng.standard_normal(300)  # no token axis: the slice alone
     got = rule_in_norm(np.ones(300, dtype=bool), flat, np.zeros(300), [flat * (1 + 1e-6)], 2.0**-24, window=RULE_WINDOW)
     assert [(g[0], int(g[2].sum())) for g in got] == [("", 300)], got
-
-
-def _times(t: Target, out_factor: float, state_factor: float) -> Target:
-    """The target ``t`` with its output and its final state scaled by the factors."""
-
-    def fn(q, k, v, *, causal, initial_state=None, output_final_state=False, **kw):
-        res = t.fn(q, k, v, causal=causal, initial_state=initial_state, output_final_state=output_final_state, **kw)
-        return (res[0] * out_factor, res[1] * state_factor) if output_final_state else res * out_factor
-
-    return Target(fn, t.variant, dtype=t.dtype, params=dict(t.params), name=f"x {out_factor}, {state_factor}")
 
 
 @pytest.mark.parametrize(

@@ -423,11 +423,13 @@ def _judge_gradients(
         return np.any(both, axis=(-2, -1))
 
     def excused(name: str) -> np.ndarray:
-        """``nan_forward`` broadcast over a gradient's (batch, head) slices; nothing for the batch-free ones."""
-        g = ref[name]
+        """``nan_forward`` broadcast over a gradient's (batch, head) slices; for a batch-free one, wherever some
+        slice is."""
+        g, slices = ref[name], nan_forward()
         if name == "initial_state" or (g.ndim >= 3 and g.shape[:2] == ex.q.shape[:2]):
-            return np.broadcast_to(nan_forward().reshape(nan_forward().shape + (1,) * (g.ndim - 2)), g.shape)
-        return np.broadcast_to(np.any(nan_forward()), g.shape)
+            return np.broadcast_to(slices.reshape(slices.shape + (1,) * (g.ndim - 2)), g.shape)
+        return np.broadcast_to(np.any(slices), g.shape)
+
     naive_err, scales = {}, {}
     unjudged: list[str] = []
     in_norm: list[str] = []

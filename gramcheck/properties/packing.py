@@ -106,7 +106,6 @@ def packing(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding | N
     compared = target.dtype != "float64" and smooth_definition(target.variant, causal, dict(target.params))
     if compared:
         parts.update(_gradient_parts(target, ex, segs, cu, s0s, causal=causal))
-    unjudged = [] if compared else ["gradients"]
     return parts_finding(
         "packing",
         ex,
@@ -114,7 +113,7 @@ def packing(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding | N
         # gradients with a token axis only (rwkv6's bonus u is (H, d_k): an axis 2 there was an internal error)
         token_axis={"out": 2, **{f"d{n}": 2 for n in differentiable(target, ex) if _per_token(ex, n)}},
         cu_seqlens=[int(c) for c in cu],
-        **({"unjudged": unjudged} if unjudged else {}),
+        **({} if compared else {"unjudged": ["gradients"]}),
     )
 
 
