@@ -23,3 +23,18 @@ def to_torch(x, dtype):
     import torch
 
     return torch.as_tensor(x).to(getattr(torch, dtype))
+
+
+def raw_key_initial_state(target, ex, salt="state"):
+    """S_0 scaled by the raw keys, max|k| max|v|, not by the keys the recurrence writes: for the delta rule's
+    l2-normalised keys of ~1000, a carried state far larger than any its writes build (a user's S_0 may be)."""
+    from gramcheck.properties.state import initial_state_at
+
+    return initial_state_at(ex, float(np.max(np.abs(ex.k))) * float(np.max(np.abs(ex.v))), salt)
+
+
+def with_raw_key_initial_states(monkeypatch):
+    """The state properties draw S_0 by ``raw_key_initial_state`` (the inputs saved with such states)."""
+    from gramcheck.properties import state
+
+    monkeypatch.setattr(state, "initial_state_of", raw_key_initial_state)

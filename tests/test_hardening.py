@@ -249,6 +249,38 @@ def test_replacing_tokens_stays_within_a_float16_range():
     assert f is not None and f.passed and f.failure is None, f
 
 
+def test_two_runs_that_overflow_alike_are_permutation_equivariant():
+    """linear-unnormalised, float16, N = d = 1, q = k = v = 100 (a default check's outlier at seed 13): o = 1e6 is
+    inf in every run of the builtin, and inf - inf failed permutation-equivariance at inf. Equal infinities
+    agree now; a target that is NaN in both runs, or inf in one alone, still fails."""
+    from gramcheck.properties.invariants import permutation_equivariance
+    from gramcheck.strategies import AttentionInputs
+    from gramcheck.targets import Target, builtin
+
+    hundred = np.full((1, 1, 1, 1), 100.0)
+    one = np.ones((1, 1, 2, 1))
+    t = builtin("linear-unnormalised", dtype="float16")
+    for x, passes in ((hundred, True), (one, True)):
+        ex = AttentionInputs(x, x, x, {}, kind="outliers", dtype="float16")
+        f = permutation_equivariance(t, ex, causal=False)
+        assert f is not None and f.passed == passes and f.failure is None, f
+
+    def nan(q, k, v, *, causal):
+        return t.fn(q, k, v, causal=causal) * float("nan")
+
+    calls = []
+
+    def inf_once(q, k, v, *, causal):
+        calls.append(1)
+        return t.fn(q, k, v, causal=causal) * (float("inf") if len(calls) == 2 else 1.0)
+
+    for fn in (nan, inf_once):
+        wrong = Target(fn, "linear-unnormalised", dtype="float16", name=fn.__name__)
+        ex = AttentionInputs(one, one, one, {}, kind="gaussian", dtype="float16")
+        f = permutation_equivariance(wrong, ex, causal=False)
+        assert f is not None and not f.passed, (fn.__name__, f)
+
+
 def disconnected(q, k, v, *, causal):
     """Right values, but the output is a fresh leaf: no gradient reaches q, k or v."""
     return ok(q, k, v, causal=causal).detach().requires_grad_(True)

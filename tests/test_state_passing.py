@@ -178,3 +178,22 @@ def test_a_certificate_says_how_many_batch_rows_the_state_properties_drew():
     assert cert["domain"]["max_b"] == 1
     rows = {p["property"]: p["details"].get("max_b") for p in cert["properties"]}
     assert rows == {"state-split": 2, "agreement": None}, rows
+
+
+@pytest.mark.parametrize(
+    ("name", "params", "unit"),
+    [("deltanet", {}, True), ("deltanet", {"l2norm": False}, False), ("gated-deltanet", {}, True), ("gla", {}, False)],
+)
+def test_written_keys_are_the_keys_the_recurrence_writes(name, params, unit):
+    """The delta rule with l2norm writes unit keys (1000 times the raw keys here); without it, and for every other
+    variant, the keys as given."""
+    var = V.get(name)
+    rng = np.random.default_rng(0)
+    k = 1000 * rng.standard_normal((1, 2, 5, 4))
+    extras = {"beta": np.ones((1, 2, 5)), "g": -np.ones((1, 2, 5) if name == "gated-deltanet" else (1, 2, 5, 4))}
+    extras = {n: x for n, x in extras.items() if n in var.input_names}
+    w = var.written_keys(k, **var.resolve_params(params), **extras)
+    if unit:
+        np.testing.assert_allclose(np.linalg.norm(w, axis=-1), 1.0, rtol=1e-9)  # l2norm_eps 1e-6 on |k|^2 ~ 1e7
+    else:
+        np.testing.assert_array_equal(w, k)

@@ -249,16 +249,17 @@ def test_the_underflow_share_is_the_algorithms_charges_of_eta():
     where the chunked algorithm's cumulative decay is subnormal (tokens 4 on), nowhere before."""
     from pathlib import Path
 
+    from helpers import raw_key_initial_state
+
     from gramcheck.algorithm_underflow import underflow_share
     from gramcheck.arith import RoundedArith
-    from gramcheck.properties.state import initial_state_of
     from gramcheck.strategies import AttentionInputs
     from gramcheck.variants.deltanet import chunked_reference
 
     a = dict(np.load(Path(__file__).parent / "data" / "gated_deltanet_state_underflow.npz"))
     q, k, v = a.pop("q"), a.pop("k"), a.pop("v")
     t = builtin("gated-deltanet", dtype="float32")
-    s0 = initial_state_of(t, AttentionInputs(q, k, v, a, "outliers", "float32", {}))
+    s0 = raw_key_initial_state(t, AttentionInputs(q, k, v, a, "outliers", "float32", {}))
     var = t.variant
     kw = {"causal": True, **t.params, **a, "initial_state": s0}
     exact = var.reference(q, k, v, **kw)

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ..agreement import rounding_bound
+from ..agreement import output_distance, rounding_bound
 from ..findings import Finding, error_ratios
 from ..strategies import KINDS, AttentionInputs
 from ..targets import Target, TargetError
@@ -102,6 +102,21 @@ def with_counterexample(f: Finding, ex: AttentionInputs) -> Finding:
         f.counterexample = {**ex.summary(), **(f.counterexample or {})}
         f.arrays = arrays_of(ex)
     return f
+
+
+def output_difference(a: np.ndarray, b: np.ndarray, dtype: Any = None) -> np.ndarray:
+    """|a - b| of two outputs of a target: 0 where equal (infinities included: inf - inf is no difference of two
+    runs that both overflow) or both NaN, inf where only one is NaN. With the outputs'
+    ``dtype``, an infinity against a finite value is read as the nearest value that rounds to it
+    (``agreement.output_distance``): two runs of a correct form may round an exact value near the overflow
+    threshold to 65504 and to inf."""
+    same = (a == b) | (np.isnan(a) & np.isnan(b))
+    with np.errstate(invalid="ignore"):
+        diff = np.abs(a - b)
+        if dtype is not None:
+            diff = np.where(np.isinf(a) & np.isfinite(b), output_distance(a, b, dtype), diff)
+            diff = np.where(np.isinf(b) & np.isfinite(a), output_distance(b, a, dtype), diff)
+    return np.where(same, 0.0, np.where(np.isnan(diff), np.inf, diff))
 
 
 def bound_of(

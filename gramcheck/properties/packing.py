@@ -22,9 +22,9 @@ from ..precision import overflow_threshold, round_to
 from ..strategies import AttentionInputs
 from ..targets import Target, taped
 from .backward import definition_gradients, differentiable, smooth_definition, target_gradients
-from .base import bound_of, guarded
+from .base import bound_of, guarded, output_difference
 from .invariants import _rng, _undefined, replacement
-from .state import _diff, _segment, initial_state_of, parts_finding, state_bound
+from .state import _segment, initial_state_of, parts_finding, state_bound
 
 BACKWARD_K = 2.0
 
@@ -92,14 +92,15 @@ def packing(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding | N
         bounds = [state_bound(target, s, s0s[i]) for i, s in enumerate(segs)]  # type: ignore[index]
         out_a = np.concatenate([a[0] for a in alone], axis=2)
         st_a = np.concatenate([a[1] for a in alone], axis=0)
+        b_out, b_st = (2 * np.concatenate([b[i] for b in bounds], axis=2 - 2 * i) for i in (0, 1))
         parts = {
-            "out": (_diff(packed[0], out_a, target.dtype), 2 * np.concatenate([b[0] for b in bounds], axis=2)),
-            "final_state": (_diff(packed[1], st_a, target.dtype), 2 * np.concatenate([b[1] for b in bounds], axis=0)),
+            "out": (output_difference(packed[0], out_a, target.dtype), b_out),
+            "final_state": (output_difference(packed[1], st_a, target.dtype), b_st),
         }
     else:
         out_a = np.concatenate(alone, axis=2)
         b = np.concatenate([bound_of(target, s, causal=causal) for s in segs], axis=2)
-        parts = {"out": (_diff(packed, out_a, target.dtype), 2 * b)}
+        parts = {"out": (output_difference(packed, out_a, target.dtype), 2 * b)}
     # float64 has no yardstick of its own (the definition's float64 gradients are the reference); where a
     # denominator can vanish the bound below takes no measure of its cancellation, and two correct forms (recurrent
     # packed, chunked alone) differed by 1e8 times it: the Finding says the gradients went unjudged
@@ -154,7 +155,7 @@ def _gradient_parts(
         e = max(_naive_error(nv[n], rf[n], target.dtype) for nv, rf in zip(naive, ref, strict=True))
         scale = max(float(np.max(np.abs(rf[n]), initial=0.0)) for rf in ref)
         # NaN where both are NaN (features underflowing to 0/0 alike) is agreement's finding, not this one's
-        diff = _diff(packed[n], g_alone, target.dtype)
+        diff = output_difference(packed[n], g_alone, target.dtype)
         # a shared input's gradient sums the sequences' parts: where a part is past the range (inf alone, and
         # inf - inf), the packed gradient is measured against the exact whole, in range or not
         thr = overflow_threshold(target.dtype)
@@ -283,13 +284,13 @@ def packing_isolation(target: Target, ex: AttentionInputs, *, causal: bool) -> F
         out, state = run(changed)
         if state_diffs is not None:  # sequence i's row of the final states
             assert state is not None and base_state is not None
-            state_diffs[i] = _diff(state[i], base_state[i])
+            state_diffs[i] = output_difference(state[i], base_state[i])
         if rounding:  # the bounds of the packed definition: each sequence from its own first token
             both = bound_of(target, ex, causal=causal, cu_seqlens=cu) + bound_of(
                 target, changed, causal=causal, cu_seqlens=cu
             )
             tol[:, :, a:b] = both[:, :, a:b]
-        diffs[:, :, a:b] = _diff(out[:, :, a:b], base[:, :, a:b])  # equal infinities and NaN in both agree
+        diffs[:, :, a:b] = output_difference(out[:, :, a:b], base[:, :, a:b])  # equal infinities and NaN in both agree
     parts: dict[str, Any] = {"out": (diffs, tol)}
     if state_diffs is not None:
         parts["final_state"] = (state_diffs, np.zeros_like(state_diffs))

@@ -15,7 +15,7 @@ coefficients: decays and |q|).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,10 +38,10 @@ from ..arith import BALL_F64, F64, RoundedArith, rounding_model
 from ..findings import Finding, error_ratios
 from ..forms import CHUNK_SIZES
 from ..oracle import escalation_arith
-from ..precision import overflow_threshold, round_to, unit_roundoff
+from ..precision import max_finite, overflow_threshold, round_to, smallest_subnormal, unit_roundoff
 from ..strategies import AttentionInputs
 from ..targets import Target
-from .base import arrays_of, guarded
+from .base import arrays_of, guarded, output_difference
 from .invariants import _rng
 
 
@@ -56,12 +56,20 @@ def _not_declared(name: str, target: Target) -> Finding:
 
 
 def initial_state_of(target: Target, ex: AttentionInputs, salt: str = "state") -> np.ndarray:
-    """A nonzero S_0 (B, H, d_k, d_v) drawn from the example, of the size of the state the inputs build
-    (max|k| max|v| per entry, at most a sixteenth of the dtype's overflow threshold, so that S_0 is finite in
-    it), rounded to the target's dtype."""
+    """A nonzero S_0 (B, H, d_k, d_v) drawn from the example, of the size of the state the inputs build:
+    ``initial_state_at`` max|k| max|v|, k the keys as the recurrence writes them (``Variant.written_keys``).
+    Scaled by the raw keys, the delta rule's S_0 was up to 1000 times any state its l2-normalised writes build,
+    and the rule's floor, which counts S_0's terms, let final states 2^-10 off pass there."""
+    keys = target.variant.written_keys(ex.k, **target.params, **ex.extras)
+    return initial_state_at(ex, float(np.max(np.abs(keys))) * float(np.max(np.abs(ex.v))), salt)
+
+
+def initial_state_at(ex: AttentionInputs, scale: float, salt: str = "state") -> np.ndarray:
+    """S_0 (B, H, d_k, d_v) with independent N(0, c^2) entries, c = ``scale`` but at least 1 and at most a
+    sixteenth of the dtype's overflow threshold (so that S_0 is finite in it), drawn from the example and
+    ``salt``, rounded to the example's dtype."""
     B, H, N, dk = ex.q.shape
-    scale = max(float(np.max(np.abs(ex.k))) * float(np.max(np.abs(ex.v))), 1.0)
-    scale = min(scale, overflow_threshold(ex.dtype) / 16)
+    scale = min(max(scale, 1.0), overflow_threshold(ex.dtype) / 16)
     s0 = _rng(ex, salt).standard_normal((B, H, dk, ex.v.shape[-1])) * scale
     return round_to(s0, ex.dtype)
 
@@ -279,7 +287,10 @@ def state_agreement(target: Target, ex: AttentionInputs, *, causal: bool) -> Fin
         np.where(m, np.maximum(d - r, 0.0), e) for m, d, r, e in zip(vac.unbounded, dists, rads, errors, strict=True)
     )
     parts: dict[str, Any] = {"out": (held[0], b_out), "final_state": (held[1], b_st)}
-    rule_parts, rule = vac.rule_parts(target, ex, s0, truths, rads, errors, 1.0, initial_state_terms(target, ex, s0))
+    rule_parts, rule = vac.rule_parts(
+        target, ex, s0, truths, rads, errors, 1.0, initial_state_terms(target, ex, s0),
+        writes=_writes(target, lambda: initial_state_terms(target, ex, s0, writes=True)),
+    )  # fmt: skip
     parts.update(rule_parts)
     return parts_finding(
         "state-agreement",
@@ -339,11 +350,13 @@ class Vacuous:
         factor: float,
         terms: tuple[Any, Any],
         slack: tuple[Any, Any] = (0.0, 0.0),
+        writes: Callable[[], tuple[Any, Any]] | None = None,
     ) -> tuple[dict[str, NormPart], tuple[np.ndarray, np.ndarray]]:
         """The parts of (out, S_N) the rule in norm judges, one per (batch, head) slice and, for the outputs of a
         long slice, one per window of ``RULE_WINDOW`` tokens (``rule_in_norm``): ``errors``
         against ``factor`` times the rule's bound (``rule_in_norm``, floored at ``terms``: the terms of the
-        states the runs start from, ``initial_state_terms``) plus the norm of ``slack`` (what the property's own
+        states the runs start from, ``initial_state_terms``; where that fails, ``writes()``: the same terms with
+        the writes a chunk sums, for the delta rule) plus the norm of ``slack`` (what the property's own
         handling adds: state-split's rounding of the carried state), and the entries it judges: those of
         ``judgeable`` where the definition evaluated in the dtype is finite (the others have no yardstick, as
         agreement's ``judged_in_range``: counted as unjudged, a NaN there still fails) and the exact value is
@@ -359,7 +372,7 @@ class Vacuous:
             m & np.isfinite(d) & ~(np.abs(t) >= past) for m, d, t in zip(rule, orders.forward[0], truths, strict=True)
         )
 
-        def judged_by(runs: list[tuple[np.ndarray, np.ndarray]]) -> dict[str, NormPart]:
+        def judged_by(runs: list[tuple[np.ndarray, np.ndarray]], terms: tuple[Any, Any] = terms) -> dict[str, NormPart]:
             parts = {}
             naives = ([o for o, _ in runs], [s for _, s in runs])
             for name, mask, err, truth, rad, naive, term, extra in zip(
@@ -367,7 +380,7 @@ class Vacuous:
             ):
                 extra = np.broadcast_to(extra, err.shape)
                 window = RULE_WINDOW if name == "out" else None
-                for label, idx, j, bound in rule_in_norm(mask, truth, rad, naive, self.u, term, window):
+                for label, idx, j, bound in rule_in_norm(mask, truth, rad, naive, target.dtype, term, window):
                     key = f"{name}[{','.join(map(str, idx))}]{label}"
                     parts[key] = NormPart(err[idx][j], factor * bound + frobenius(extra[idx][j]))
             return parts
@@ -375,6 +388,8 @@ class Vacuous:
         parts = judged_by(orders.forward)
         if any(not p.error <= p.bound for p in parts.values()):
             parts = judged_by(orders.every)
+        if writes is not None and any(not p.error <= p.bound for p in parts.values()):
+            parts = judged_by(orders.every, writes())
         return parts, rule
 
     def counts(self, rule: tuple[np.ndarray, np.ndarray]) -> dict[str, Any]:
@@ -440,7 +455,7 @@ def naive_with_state(
 
 
 def initial_state_terms(
-    target: Target, ex: AttentionInputs, s0: np.ndarray | None
+    target: Target, ex: AttentionInputs, s0: np.ndarray | None, writes: bool = False
 ) -> tuple[np.ndarray | float, np.ndarray | float]:
     """The terms of the size of the state that a standard algorithm combines into (out, S_N): where the
     transitions only decay, s |q_t|^T (D_t |S_0|) and D_N |S_0|, D_t the decays alone (``carried_by_decays``;
@@ -448,7 +463,8 @@ def initial_state_terms(
     within a chunk from b the chunked algorithm combines the state it starts from, the definition's S_b (S_0 at
     b = 0), into each of its t - b corrections so far (times sqrt(t - b)), whatever later writes erase, and the
     rounding that leaves (in units of u) travels on through the transitions (``propagation``;
-    proofs/state-passing.md, "The floor of the rule")."""
+    proofs/state-passing.md, "The floor of the rule"). With ``writes``, the chunk's state also counts the writes
+    it sums (``chunk_writes``)."""
     finite = lambda x: np.where(np.isfinite(x), x, 0.0)  # noqa: E731
     if "contracting-transitions" not in target.variant.tags(target.params):
         if s0 is None:
@@ -466,6 +482,9 @@ def initial_state_terms(
         d_out, d_st = (finite(x) for x in carried_by_decays(target, seg, np.abs(state)))
         outs.append(d_out * np.sqrt(np.arange(1, m + 1))[:, None])
         r_st = d_st * math.sqrt(m)
+        if writes:
+            w_out, w_st = chunk_writes(target, seg, state)
+            outs[-1], r_st = outs[-1] + w_out, r_st + w_st
         if b > 0:
             p_out, p_st = (finite(x) for x in propagation(target, seg, r))
             outs[-1] = outs[-1] + p_out
@@ -476,6 +495,83 @@ def initial_state_terms(
     return np.concatenate(outs, axis=-2), r
 
 
+def _yardstick_distance(x: np.ndarray, truth: np.ndarray, dtype: Any) -> np.ndarray:
+    """|x - truth| of a yardstick's value x; an infinity where the exact value is in the dtype's top binade is read
+    as the target's are (``agreement.output_distance``): rounding an exact 65308 to inf in float16 is 212 off, and
+    read as infinite it left the slice no yardstick (linear-unnormalised, heavy tails: the builtin failed at 1.52).
+    Below the top binade an infinity is an intermediate's overflow, not a rounding of the result, and leaves the
+    yardstick unfinished there (as a distance it would allow any error)."""
+    top = np.abs(truth) >= max_finite(dtype) / 2
+    with np.errstate(invalid="ignore"):
+        return np.where(np.isinf(x) & ~top, np.inf, output_distance(x, truth, dtype))
+
+
+def _writes(target: Target, terms: Callable[[], tuple[Any, Any]]) -> Callable[[], tuple[Any, Any]] | None:
+    """``terms`` where the chunk's writes count (``chunk_writes``: contracting transitions), else None."""
+    return terms if "contracting-transitions" in target.variant.tags(target.params) else None
+
+
+def chunk_writes(target: Target, seg: AttentionInputs, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The writes a chunked delta rule sums over the m tokens of a chunk, whatever the sums cancel to. It forms the
+    chunk's writes from a zero state (U, by forward substitution; ``state`` enters through W S_b, counted apart by
+    ``initial_state_terms``): each k_j U_j^T = S^0_j - alpha_j S^0_{j-1}, at most w_j = |S^0_j| + |S^0_{j-1}| in
+    the definition's states S^0 from zero at the chunk's start. Write j enters the sum that updates the state and
+    the substitution of every later token of the chunk, so output t is floored at s |q_t|^T W_t and the chunk's
+    final state at W_m, with W_t^2 = sum_{j<=t} (t - j + 1) (D_{t<-j} w_j)^2 (a root sum of squares, the size of
+    a sum's rounding). Returns (s |q_t|^T W_t (B, H, m, d_v), W_m (B, H, d_k, d_v)); proofs/state-passing.md,
+    "The writes a chunk sums"."""
+    B, H, m, dk = seg.q.shape
+    states = _basis_reads(target, seg, seg.k, seg.v, np.zeros_like(state))
+    eye = np.broadcast_to(np.eye(dk), (B, H, dk, dk))
+    # D_{t<-0} up to a factor (the scale and eps of the query e_i), as D_{t<-j} = c_t / c_j needs
+    c = np.einsum("bhtii->bht", _basis_reads(target, seg, np.zeros_like(seg.k), np.zeros((B, H, m, dk)), eye)) / dk
+    with np.errstate(all="ignore"):
+        before = np.concatenate([np.zeros_like(state)[:, :, None], np.abs(states[:, :, :-1])], axis=2)
+        undone = (np.abs(states) + before) / c[..., None, None]  # w_j / c_j
+        sq = np.where(np.isnan(undone), np.inf, undone) ** 2
+        at = np.arange(m)[:, None, None]
+        # sum_{j<=t} (t - j + 1) x_j^2: each write enters the sum that forms it and every later token's solve
+        grown = np.sqrt(np.maximum((at + 1) * np.cumsum(sq, axis=2) - np.cumsum(at * sq, axis=2), 0.0))
+        # W_t, and W_t / alpha_t for the reads, which apply token t's decay: c_{t-1} (c_{-1} = 1) for c_t
+        w, unread = (x[..., None, None] * grown for x in (c, np.concatenate([np.ones((B, H, 1)), c[..., :-1]], -1)))
+    w, unread = (np.where(np.isfinite(x), x, 0.0) for x in (w, unread))  # a decay that underflowed: no known size
+    return _read_per_token(target, seg, unread), w[:, :, -1]
+
+
+def _read_per_token(target: Target, seg: AttentionInputs, states: np.ndarray) -> np.ndarray:
+    """(B, H, m, d_v): s |q_t|^T alpha_t X_t for the states X_t (B, H, m, d_k, d_v) >= 0, each read by its own token
+    (the definition on token t alone from X_t with zero keys and values; the tokens folded into the batch axis)."""
+    B, H, m, dk = seg.q.shape
+    fold = lambda x: np.moveaxis(x, 2, 0).reshape(m * B, *x.shape[1:2], 1, *x.shape[3:])  # noqa: E731
+    extras: dict[str, Any] = {
+        n: fold(x) if x.ndim >= 3 and x.shape[2] == m else x for n, x in seg.extras.items()
+    }
+    x = np.moveaxis(states, 2, 0).reshape(m * B, H, dk, -1)
+    with np.errstate(all="ignore"):
+        out = target.variant.reference(
+            fold(np.abs(seg.q)), np.zeros((m * B, H, 1, dk)), np.zeros((m * B, H, 1, x.shape[-1])), causal=True,
+            initial_state=x, **target.params, **extras,
+        )  # fmt: skip
+    out = np.asarray(out, dtype=np.float64).reshape(m, B, H, -1)
+    return np.abs(np.moveaxis(out, 0, 2))
+
+
+def _basis_reads(target: Target, seg: AttentionInputs, k: np.ndarray, v: np.ndarray, state: np.ndarray) -> np.ndarray:
+    """(B, H, m, d_k, d_v): the definition's states S_t of every token, run from ``state`` on the keys ``k`` and
+    values ``v``: row i of S_t read by the query e_i at scale 1 (the d_k queries folded into the batch axis, with
+    every input that has one), up to the l2 normalisation's eps of the queries."""
+    B, H, m, dk = seg.q.shape
+    tile = lambda x: np.concatenate([x] * dk, axis=0)  # noqa: E731
+    queries = np.broadcast_to(np.eye(dk)[:, None, None, None, :], (dk, B, H, m, dk)).reshape(dk * B, H, m, dk)
+    extras: dict[str, Any] = {n: tile(x) if x.ndim >= 3 and x.shape[0] == B else x for n, x in seg.extras.items()}
+    with np.errstate(all="ignore"):
+        reads = target.variant.reference(
+            queries, tile(k), tile(v), causal=True, initial_state=tile(state), **{**target.params, "scale": 1.0},
+            **extras,
+        )  # fmt: skip
+    return np.asarray(reads, dtype=np.float64).reshape(dk, B, H, m, -1).transpose(1, 2, 3, 0, 4)
+
+
 RULE_WINDOW = 64  # tokens: the chunk of production kernels, over which the rule in norm also judges outputs
 
 
@@ -484,20 +580,22 @@ def rule_in_norm(
     truth: np.ndarray,
     rad: np.ndarray,
     naives: list[np.ndarray],
-    u: float,
+    dtype: Any,
     terms: np.ndarray | float = 0.0,
     window: int | None = None,
 ) -> list[tuple[str, tuple[int, ...], np.ndarray, float]]:
     """(label, slice index, its judged entries, bound) per (batch, head) slice with judged entries: the
     low-precision rule in norm (proofs/low-precision-rule.md), ||T - truth||_J <= 2 ||naive - truth||_J +
     2 ||max(u |truth|, u_s terms)||_J, the naive error the largest over the definition and the other
-    algorithms that are finite there, net of the truth's radius (the caller adds the radius to the error);
+    algorithms that are finite there (``_yardstick_distance``), net of the truth's radius (the caller adds the
+    radius to the error);
     ``terms``: the magnitude of the terms of S_0 that every algorithm rounds in the precision it holds the
     state in, u_s (``initial_state_terms``; float32 below float64). A definition that is not finite there
     gives no yardstick: bound 0 (``Vacuous.rule_parts`` leaves such entries out). With ``window``, the entries
     of each ``window`` rows of a longer slice (tokens, for outputs) are judged the same way on their own too
     (label ' tokens a-b'): in the slice's norm an error confined to a few rows hides behind the rounding of all
     the others (outputs 0.5% off after token 64 passed at 0.92; proofs/state-passing.md, "Windows")."""
+    u = unit_roundoff(dtype)
     scale = np.maximum(np.abs(truth), terms * (min(u, unit_roundoff("float32")) / u))
     out = []
     for idx, mask in per_slice(judged):
@@ -513,27 +611,13 @@ def rule_in_norm(
         for label, jw in parts:
             if not jw.any():
                 continue
-            errs = [np.abs(x[idx] - truth[idx])[jw] for x in naives]
+            errs = [_yardstick_distance(x[idx], truth[idx], dtype)[jw] for x in naives]
             finite = bool(np.all(np.isfinite(errs[0])))
             naive_err = max(frobenius(e) for e in errs if np.all(np.isfinite(e))) if finite else 0.0
             yard = max(naive_err - frobenius(rad[idx][jw]), 0.0)
             bound = LOW_PRECISION_K * yard + LOW_PRECISION_FLOOR_ULPS * u * frobenius(scale[idx][jw])
             out.append((label, idx, jw, bound if finite else 0.0))
     return out
-
-
-def _diff(a: np.ndarray, b: np.ndarray, dtype: Any = None) -> np.ndarray:
-    """|a - b|: 0 where equal (infinities included) or both NaN, inf where only one is NaN. With the outputs'
-    ``dtype``, an infinity against a finite value is read as the nearest value that rounds to it
-    (``agreement.output_distance``): two runs of a correct form may round an exact value near the overflow
-    threshold to 65504 and to inf."""
-    same = (a == b) | (np.isnan(a) & np.isnan(b))
-    with np.errstate(invalid="ignore"):
-        diff = np.abs(a - b)
-        if dtype is not None:
-            diff = np.where(np.isinf(a) & np.isfinite(b), output_distance(a, b, dtype), diff)
-            diff = np.where(np.isinf(b) & np.isfinite(a), output_distance(b, a, dtype), diff)
-    return np.where(same, 0.0, np.where(np.isnan(diff), np.inf, diff))
 
 
 def split_point(ex: AttentionInputs) -> int:
@@ -580,7 +664,7 @@ def state_split(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding
     bound_st = b_st + b2_st + p_st
     # where a bound says nothing, both runs are held to the rule in norm: their difference to twice it
     vac = vacuous(target, ex, s0, (bound_out, bound_st))
-    diffs = _diff(split_out, out, target.dtype), _diff(s2, st, target.dtype)
+    diffs = output_difference(split_out, out, target.dtype), output_difference(s2, st, target.dtype)
     parts: dict[str, Any] = {"out": (diffs[0], bound_out), "final_state": (diffs[1], bound_st)}  # all held to them
     rule: tuple[np.ndarray, np.ndarray] = (np.zeros_like(vac.out), np.zeros_like(vac.state))
     if vac.any:
@@ -591,18 +675,25 @@ def state_split(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding
             exact_t = np.asarray(_reference(target, first, F64, initial_state=s0)[1], dtype=np.float64)
         exact_t = np.where(np.isfinite(exact_t), exact_t, 0.0)
         # the second segment starts from the carried state: its terms count from t on
-        t_full, t_first, t_second = (
-            initial_state_terms(target, seg, s) for seg, s in ((ex, s0), (first, s0), (second, exact_t))
-        )
-        split_terms = np.concatenate(
-            [np.broadcast_to(t_first[0], np.shape(o1)), np.broadcast_to(t_second[0], np.shape(o2))], axis=2
-        )
-        terms = (np.maximum(t_full[0], split_terms), np.maximum(t_full[1], t_second[1]))
-        # the carried state's rounding to the dtype, at most that of the definition's state
-        rounding = np.minimum(np.abs(carried - s1), 2 * unit_roundoff(target.dtype) * np.abs(exact_t))
+        def split_terms(writes: bool) -> tuple[Any, Any]:
+            t_full, t_first, t_second = (
+                initial_state_terms(target, seg, s, writes) for seg, s in ((ex, s0), (first, s0), (second, exact_t))
+            )
+            both = np.concatenate(
+                [np.broadcast_to(t_first[0], np.shape(o1)), np.broadcast_to(t_second[0], np.shape(o2))], axis=2
+            )
+            return np.maximum(t_full[0], both), np.maximum(t_full[1], t_second[1])
+
+        # the carried state's rounding to the dtype, at most that of the definition's state: relative, and in the
+        # subnormals absolute (rwkv6 in float16, a state of 3e-7 decayed from S_0 carried 7% off)
+        most = 2 * unit_roundoff(target.dtype) * np.abs(exact_t) + smallest_subnormal(target.dtype)
+        rounding = np.minimum(np.abs(carried - s1), most)
         r_out, r_st = propagation(target, second, np.where(np.isfinite(rounding), rounding, 0.0))
         slack = (np.concatenate([np.zeros(np.shape(o1)), r_out], axis=2), r_st)
-        rule_parts, rule = vac.rule_parts(target, ex, s0, truths, rads, diffs, 2.0, terms, slack)
+        rule_parts, rule = vac.rule_parts(
+            target, ex, s0, truths, rads, diffs, 2.0, split_terms(False), slack,
+            _writes(target, lambda: split_terms(True)),
+        )  # fmt: skip
         parts.update(rule_parts)
     return parts_finding(
         "state-split",
@@ -633,8 +724,8 @@ def zero_initial_state(target: Target, ex: AttentionInputs, *, causal: bool) -> 
         "zero-initial-state",
         ex,
         {  # NaN in both runs is no agreement: the definition's state-passing results are finite
-            "out": (np.where(np.isnan(a_out), np.inf, _diff(a_out, z_out, target.dtype)), 2 * b_out),
-            "final_state": (np.where(np.isnan(a_st), np.inf, _diff(a_st, z_st, target.dtype)), 2 * b_st),
+            "out": (np.where(np.isnan(a_out), np.inf, output_difference(a_out, z_out, target.dtype)), 2 * b_out),
+            "final_state": (np.where(np.isnan(a_st), np.inf, output_difference(a_st, z_st, target.dtype)), 2 * b_st),
         },
         token_axis={"out": 2},
         bit_identical=same,

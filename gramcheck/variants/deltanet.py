@@ -63,6 +63,11 @@ def queries_and_keys(ar: Any, q: Any, k: Any, scale: Any, l2norm: bool, l2norm_e
     return q * scale_value(ar, scale, q.shape[-1]), k
 
 
+def written_keys(ar: Any, k: Any, *, l2norm: bool, l2norm_eps: float, **_: Any) -> Any:
+    """The keys the recurrence writes, k_t in beta_t k_t v_t^T: l2-normalised when ``l2norm``."""
+    return l2_normalise(ar, k, l2norm_eps) if l2norm else k
+
+
 def reference(
     ar: Any,
     q: Any,
@@ -296,6 +301,7 @@ VARIANTS = [
         inputs=(BETA,),
         recurrence="delta",
         tags_fn=l2norm_tags,
+        written_keys_fn=written_keys,
     ),
     Variant(
         name="gated-deltanet",
@@ -312,5 +318,6 @@ VARIANTS = [
         inputs=(scalar_log_decay("g"), BETA),
         recurrence="delta",
         tags_fn=l2norm_tags,
+        written_keys_fn=written_keys,
     ),
 ]

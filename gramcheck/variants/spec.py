@@ -104,6 +104,8 @@ class Variant:
     # (q, k, *, causal, **params, **extras) -> AmplitudeRounding or None: how much each key's features share in
     # rounding (``amplitude_rounding``)
     amplitude_rounding_fn: Callable[..., Any] | None = field(default=None, repr=False)
+    # (ar, k, **params, **extras) -> the keys as the recurrence writes them into its state (``written_keys``)
+    written_keys_fn: Callable[..., Any] | None = field(default=None, repr=False)
     recurrence: str = "none"
     tags_fn: Callable[[Mapping[str, Any]], frozenset[str]] | None = field(default=None, repr=False)
     decay_fn: Callable[[Mapping[str, Any], Mapping[str, Any], int], float] | None = field(default=None, repr=False)
@@ -414,6 +416,15 @@ class Variant:
         params, extras = self.split_kwargs(kwargs)
         self._check(q, k, k, extras)
         return _evaluate(self.quotient_features_fn, arith, (q, k), params, extras, causal=causal)
+
+    def written_keys(self, k: Any, **kwargs: Any) -> np.ndarray:
+        """The keys (B, H, N, d_k) as the recurrence writes them into its state, k_t in S_t = ... + k_t v_t^T, in
+        float64: the keys as given unless the variant transforms them first (the delta rule's l2-normalised
+        keys). The size of the state the inputs build is set by these, not by the raw keys."""
+        if self.written_keys_fn is None:
+            return np.asarray(k, dtype=np.float64)
+        params, extras = self.split_kwargs(kwargs)
+        return np.asarray(_evaluate(self.written_keys_fn, F64, (k,), params, extras), dtype=np.float64)
 
     def amplitude_rounding(self, q: Any, k: Any, *, causal: bool, **kwargs: Any) -> AmplitudeRounding | None:
         """How the roundings of the keys' shared steps move them (``AmplitudeRounding``); None where the features
