@@ -690,7 +690,7 @@ def test_the_writes_a_chunk_sums_are_measured_from_the_states_around_them():
     alpha = np.exp(extras["g"])
     decay = lambda j, t: np.prod(alpha[:, :, j + 1 : t + 1], axis=-1)[..., None, None]  # noqa: E731
     w = [np.abs(states[j + 1]) + np.abs(states[j]) for j in range(m)]
-    w_out, w_st = chunk_writes(t, ex, rng.standard_normal((B, H, d, d)))
+    w_out, w_st = chunk_writes(t, ex)
     want = np.sqrt(sum((m - j) * (decay(j, m - 1) * w[j]) ** 2 for j in range(m)))
     np.testing.assert_allclose(w_st, want, rtol=1e-5)
     sq = np.abs(q) / np.sqrt(np.sum(q * q, axis=-1, keepdims=True) + 1e-6) * d**-0.5  # s |q_t|, l2-normalised

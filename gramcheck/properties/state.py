@@ -483,7 +483,7 @@ def initial_state_terms(
         outs.append(d_out * np.sqrt(np.arange(1, m + 1))[:, None])
         r_st = d_st * math.sqrt(m)
         if writes:
-            w_out, w_st = chunk_writes(target, seg, state)
+            w_out, w_st = chunk_writes(target, seg)
             outs[-1], r_st = outs[-1] + w_out, r_st + w_st
         if b > 0:
             p_out, p_st = (finite(x) for x in propagation(target, seg, r))
@@ -511,22 +511,23 @@ def _writes(target: Target, terms: Callable[[], tuple[Any, Any]]) -> Callable[[]
     return terms if "contracting-transitions" in target.variant.tags(target.params) else None
 
 
-def chunk_writes(target: Target, seg: AttentionInputs, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def chunk_writes(target: Target, seg: AttentionInputs) -> tuple[np.ndarray, np.ndarray]:
     """The writes a chunked delta rule sums over the m tokens of a chunk, whatever the sums cancel to. It forms the
-    chunk's writes from a zero state (U, by forward substitution; ``state`` enters through W S_b, counted apart by
-    ``initial_state_terms``): each k_j U_j^T = S^0_j - alpha_j S^0_{j-1}, at most w_j = |S^0_j| + |S^0_{j-1}| in
-    the definition's states S^0 from zero at the chunk's start. Write j enters the sum that updates the state and
-    the substitution of every later token of the chunk, so output t is floored at s |q_t|^T W_t and the chunk's
-    final state at W_m, with W_t^2 = sum_{j<=t} (t - j + 1) (D_{t<-j} w_j)^2 (a root sum of squares, the size of
-    a sum's rounding). Returns (s |q_t|^T W_t (B, H, m, d_v), W_m (B, H, d_k, d_v)); proofs/state-passing.md,
-    "The writes a chunk sums"."""
+    chunk's writes from a zero state (U, by forward substitution; the state it starts from enters through W S_b,
+    counted apart by ``initial_state_terms``): each k_j U_j^T = S^0_j - alpha_j S^0_{j-1}, at most w_j = |S^0_j| +
+    |S^0_{j-1}| in the definition's states S^0 from zero at the chunk's start. Write j enters the sum that updates
+    the state and the substitution of every later token of the chunk, so output t is floored at s |q_t|^T W_t and
+    the chunk's final state at W_m, with W_t^2 = sum_{j<=t} (t - j + 1) (D_{t<-j} w_j)^2 (a root sum of squares, the
+    size of a sum's rounding). Returns (s |q_t|^T W_t (B, H, m, d_v), W_m (B, H, d_k, d_v));
+    proofs/state-passing.md, "The writes a chunk sums"."""
     B, H, m, dk = seg.q.shape
-    states = _basis_reads(target, seg, seg.k, seg.v, np.zeros_like(state))
+    zero = np.zeros((B, H, dk, seg.v.shape[-1]))
+    states = _basis_reads(target, seg, seg.k, seg.v, zero)
     eye = np.broadcast_to(np.eye(dk), (B, H, dk, dk))
     # D_{t<-0} up to a factor (the scale and eps of the query e_i), as D_{t<-j} = c_t / c_j needs
     c = np.einsum("bhtii->bht", _basis_reads(target, seg, np.zeros_like(seg.k), np.zeros((B, H, m, dk)), eye)) / dk
     with np.errstate(all="ignore"):
-        before = np.concatenate([np.zeros_like(state)[:, :, None], np.abs(states[:, :, :-1])], axis=2)
+        before = np.concatenate([zero[:, :, None], np.abs(states[:, :, :-1])], axis=2)
         undone = (np.abs(states) + before) / c[..., None, None]  # w_j / c_j
         sq = np.where(np.isnan(undone), np.inf, undone) ** 2
         at = np.arange(m)[:, None, None]
