@@ -667,6 +667,26 @@ def test_the_state_rule_floors_at_the_writes_a_chunk_sums(monkeypatch):
     assert state_agreement(tile, ex, causal=True).measured > 2
 
 
+@pytest.mark.parametrize(("name", "gates", "off"), [("deltanet", None, 2.0**-7), ("gated-deltanet", -0.01, 2.0**-8)])
+def test_the_writes_floor_counts_one_outlier_write_once(name, gates, off):
+    """A hostile review's input: float32, N = 128, d_k = d_v = 1, unit keys, beta = 1, one value of 1000 at token 126
+    erased by the write at 127 (S_N = 0.10). The correct forms err 2^-11 there. Floored at sqrt(m) times the
+    largest write, final states 2^-7 (deltanet) and 2^-8 (gated-deltanet, g = -0.01) off passed (0.57, 0.35);
+    weighted by the tokens each write enters (``chunk_writes``) they fail (1.38, 1.27), and the builtin passes."""
+    rng = np.random.default_rng(0)
+    n = 128
+    q, v = rng.standard_normal((1, 1, n, 1)), rng.standard_normal((1, 1, n, 1))
+    v[..., 63, :], v[..., 126, :], v[..., -1, :] = 0.01, 1000.0, 0.1
+    extras = {"beta": np.ones((1, 1, n))}
+    if gates is not None:
+        extras["g"] = np.full((1, 1, n), gates)
+    x = {n_: round_to(a, "float32") for n_, a in {"q": q, "k": np.ones((1, 1, n, 1)), "v": v, **extras}.items()}
+    ex = AttentionInputs(x.pop("q"), x.pop("k"), x.pop("v"), x, "outliers", "float32", {})
+    t = builtin(name, dtype="float32")
+    assert state_agreement(t, ex, causal=True).passed
+    assert state_agreement(_final_state_times(t, 1 + off), ex, causal=True).measured > 1.2
+
+
 def test_the_writes_a_chunk_sums_are_measured_from_the_states_around_them():
     """``chunk_writes`` against the definition's states from a zero state computed prefix by prefix: W_t^2 =
     sum_{j<=t} (t - j + 1) (D_{t<-j} w_j)^2, w_j = |S^0_j| + |S^0_{j-1}|, so every write k_j U_j^T = S^0_j -

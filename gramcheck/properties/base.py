@@ -104,13 +104,14 @@ def with_counterexample(f: Finding, ex: AttentionInputs) -> Finding:
     return f
 
 
-def output_difference(a: np.ndarray, b: np.ndarray, dtype: Any = None) -> np.ndarray:
+def output_difference(a: np.ndarray, b: np.ndarray, dtype: Any = None, *, nan_agrees: bool = True) -> np.ndarray:
     """|a - b| of two outputs of a target: 0 where equal (infinities included: inf - inf is no difference of two
-    runs that both overflow) or both NaN, inf where only one is NaN. With the outputs'
+    runs that both overflow) or, where ``nan_agrees``, both NaN; inf where only one is NaN (or either, where NaN
+    in both runs is no agreement: the property's exact results are finite). With the outputs'
     ``dtype``, an infinity against a finite value is read as the nearest value that rounds to it
     (``agreement.output_distance``): two runs of a correct form may round an exact value near the overflow
     threshold to 65504 and to inf."""
-    same = (a == b) | (np.isnan(a) & np.isnan(b))
+    same = (a == b) | (np.isnan(a) & np.isnan(b) & nan_agrees)
     with np.errstate(invalid="ignore"):
         diff = np.abs(a - b)
         if dtype is not None:

@@ -97,10 +97,8 @@ def permutation_equivariance(target: Target, ex: AttentionInputs, *, causal: boo
     o_q = target(ex.q[..., perm, :], ex.k, ex.v, causal=False, **ex.extras)
     b = bound_of(target, ex, causal=False)
     # two runs that overflow alike agree (float16, q = k = v = 100: o = 1e6 is inf in both); NaN never passes
-    err = np.concatenate(
-        [output_difference(o_kv, o, ex.dtype).ravel(), output_difference(o_q, o[..., perm, :], ex.dtype).ravel()]
-    )
-    err = np.where(np.isnan(np.concatenate([o.ravel(), o[..., perm, :].ravel()])), np.inf, err)
+    diffs = ((o_kv, o), (o_q, o[..., perm, :]))
+    err = np.concatenate([output_difference(x, y, ex.dtype, nan_agrees=False).ravel() for x, y in diffs])
     return ratio_finding(
         "permutation-equivariance", err, np.concatenate([2 * b.ravel(), 2 * b[..., perm, :].ravel()]), ex
     )

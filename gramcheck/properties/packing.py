@@ -24,7 +24,7 @@ from ..targets import Target, taped
 from .backward import definition_gradients, differentiable, smooth_definition, target_gradients
 from .base import bound_of, guarded, output_difference
 from .invariants import _rng, _undefined, replacement
-from .state import _segment, initial_state_of, parts_finding, state_bound
+from .state import _segment, extras_along, initial_state_of, parts_finding, state_bound
 
 BACKWARD_K = 2.0
 
@@ -52,8 +52,7 @@ def cu_seqlens_of(ex: AttentionInputs, n: int) -> np.ndarray:
 
 def _row(ex: AttentionInputs) -> AttentionInputs:
     """Batch 0 only (packing needs B = 1)."""
-    b = ex.q.shape[0]
-    extras = {k: (x[:1] if x.ndim >= 3 and x.shape[0] == b else x) for k, x in ex.extras.items()}
+    extras = extras_along(ex.extras, 0, ex.q.shape[0], lambda x: x[:1])
     return replace(ex, q=ex.q[:1], k=ex.k[:1], v=ex.v[:1], extras=extras)
 
 

@@ -174,11 +174,18 @@ def transitions(target: Target, ex: AttentionInputs) -> tuple[np.ndarray, np.nda
     return np.abs(reads) + slack * largest, np.abs(product) + slack
 
 
+def extras_along(
+    extras: Mapping[str, np.ndarray], axis: int, size: int, fn: Callable[[np.ndarray], np.ndarray]
+) -> dict[str, Any]:
+    """The extra inputs with ``fn`` applied to each that has ``size`` entries on ``axis`` (0: the batch, 2: the
+    tokens, as q's; per-token and per-row inputs), the others (rwkv6's bonus u (H, d_k)) as they are."""
+    return {n: fn(x) if x.ndim >= 3 and x.shape[axis] == size else x for n, x in extras.items()}
+
+
 def _segment(ex: AttentionInputs, a: int, b: int) -> AttentionInputs:
     from dataclasses import replace
 
-    n = ex.q.shape[-2]
-    extras = {k: (x[:, :, a:b] if x.ndim >= 3 and x.shape[2] == n else x) for k, x in ex.extras.items()}
+    extras = extras_along(ex.extras, 2, ex.q.shape[-2], lambda x: x[:, :, a:b])
     return replace(ex, q=ex.q[:, :, a:b], k=ex.k[:, :, a:b], v=ex.v[:, :, a:b], extras=extras)
 
 
@@ -544,9 +551,7 @@ def _read_per_token(target: Target, seg: AttentionInputs, states: np.ndarray) ->
     (the definition on token t alone from X_t with zero keys and values; the tokens folded into the batch axis)."""
     B, H, m, dk = seg.q.shape
     fold = lambda x: np.moveaxis(x, 2, 0).reshape(m * B, *x.shape[1:2], 1, *x.shape[3:])  # noqa: E731
-    extras: dict[str, Any] = {
-        n: fold(x) if x.ndim >= 3 and x.shape[2] == m else x for n, x in seg.extras.items()
-    }
+    extras = extras_along(seg.extras, 2, m, fold)
     x = np.moveaxis(states, 2, 0).reshape(m * B, H, dk, -1)
     with np.errstate(all="ignore"):
         out = target.variant.reference(
@@ -564,7 +569,7 @@ def _basis_reads(target: Target, seg: AttentionInputs, k: np.ndarray, v: np.ndar
     B, H, m, dk = seg.q.shape
     tile = lambda x: np.concatenate([x] * dk, axis=0)  # noqa: E731
     queries = np.broadcast_to(np.eye(dk)[:, None, None, None, :], (dk, B, H, m, dk)).reshape(dk * B, H, m, dk)
-    extras: dict[str, Any] = {n: tile(x) if x.ndim >= 3 and x.shape[0] == B else x for n, x in seg.extras.items()}
+    extras = extras_along(seg.extras, 0, B, tile)
     with np.errstate(all="ignore"):
         reads = target.variant.reference(
             queries, tile(k), tile(v), causal=True, initial_state=tile(state), **{**target.params, "scale": 1.0},
@@ -725,8 +730,8 @@ def zero_initial_state(target: Target, ex: AttentionInputs, *, causal: bool) -> 
         "zero-initial-state",
         ex,
         {  # NaN in both runs is no agreement: the definition's state-passing results are finite
-            "out": (np.where(np.isnan(a_out), np.inf, output_difference(a_out, z_out, target.dtype)), 2 * b_out),
-            "final_state": (np.where(np.isnan(a_st), np.inf, output_difference(a_st, z_st, target.dtype)), 2 * b_st),
+            "out": (output_difference(a_out, z_out, target.dtype, nan_agrees=False), 2 * b_out),
+            "final_state": (output_difference(a_st, z_st, target.dtype, nan_agrees=False), 2 * b_st),
         },
         token_axis={"out": 2},
         bit_identical=same,
