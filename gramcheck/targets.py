@@ -393,6 +393,32 @@ class Target:
         run = lambda: self._numpy_run(arrays, causal, output_final_state, cu_seqlens)  # noqa: E731
         return taped(self, "run", (causal, output_final_state), arrays, run, {"cu_seqlens": cu_seqlens})
 
+    def run_chain(
+        self, segments: Sequence[Mapping[str, Any]], *, initial_state: Any = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """A decode loop: causal calls on ``segments`` (consecutive token ranges, each q, k, v and the extras as
+        float64 arrays of dtype values) in order, the first from ``initial_state`` (float64, passed in the dtype)
+        and each later one from the final state the call before returned, passed back as it came (its dtype
+        and device: what a cache of the state holds). Returns (the outputs concatenated along N, the last final
+        state), float64."""
+        arrays = {f"{i} {n}": x for i, seg in enumerate(segments) for n, x in seg.items()}
+        if initial_state is not None:
+            arrays["initial_state"] = initial_state
+
+        def run() -> tuple[np.ndarray, np.ndarray]:
+            state: Any = None if initial_state is None else self.tensors({"s": initial_state})["s"]
+            outs = []
+            for seg in segments:
+                t = self.tensors(seg)
+                given = {} if state is None else {"initial_state": state}
+                out, state = self.call_torch(
+                    t.pop("q"), t.pop("k"), t.pop("v"), causal=True, output_final_state=True, **t, **given
+                )
+                outs.append(out.detach().to("cpu").double().numpy())
+            return np.concatenate(outs, axis=2), state.detach().to("cpu").double().numpy()
+
+        return taped(self, "chain", (len(segments),), arrays, run)
+
     def _numpy_run(self, arrays: dict[str, Any], causal: bool, output_final_state: bool, cu_seqlens: Any) -> Any:
         torch = _torch()
         t = self.tensors(arrays)

@@ -187,6 +187,23 @@ def gla_transposed_state(q, k, v, *, causal, g, initial_state=None, output_final
     return res
 
 
+def gla_state_stored_in_dtype(q, k, v, *, causal, g, initial_state=None, output_final_state=False):
+    """GLA whose state is right within a call (float32) but returned in the inputs' dtype, so that a decode loop
+    stores it in 16 bits between calls (ollama#15865: the state written back as bfloat16)."""
+    res = _gla_with_state(q, k, v, g, initial_state, output_final_state)
+    if output_final_state:
+        return res[0], res[1].to(q.dtype)
+    return res
+
+
+def gla_decode_step_without_decay(q, k, v, *, causal, g, initial_state=None, output_final_state=False):
+    """GLA whose one-token fast path (a decode step) forgets the decay of the state it is given: S_1 = S_0 +
+    k v^T for N = 1; longer calls are right."""
+    if q.shape[-2] == 1:
+        g = torch.zeros_like(g)
+    return _gla_with_state(q, k, v, g, initial_state, output_final_state)
+
+
 def _gla_with_state(q, k, v, g, initial_state, output_final_state):
     kw = {"initial_state": initial_state, "output_final_state": output_final_state}
     return V.get("gla").torch(q, k, v, causal=True, g=g, **kw)

@@ -6,16 +6,31 @@ import itertools
 
 import numpy as np
 import pytest
-from broken import gla_ignoring_initial_state, gla_state_as_dv_dk, gla_transposed_state, gla_uninitialised_state
+from broken import (
+    gla_decode_step_without_decay,
+    gla_ignoring_initial_state,
+    gla_state_as_dv_dk,
+    gla_state_stored_in_dtype,
+    gla_transposed_state,
+    gla_uninitialised_state,
+)
 
 from gramcheck import properties as P
 from gramcheck import variants as V
 from gramcheck.api import check
-from gramcheck.properties.state import propagation, split_point
+from gramcheck.precision import round_to
+from gramcheck.properties.state import (
+    chain_segments,
+    propagation,
+    split_point,
+    state_agreement,
+    state_chain,
+    state_split,
+)
 from gramcheck.strategies import AttentionInputs
-from gramcheck.targets import builtin
+from gramcheck.targets import Target, builtin
 
-STATE_PROPS = ["state-agreement", "state-split", "zero-initial-state"]
+STATE_PROPS = ["state-agreement", "state-split", "state-chain", "zero-initial-state"]
 DOMAIN = {"max_n": 70, "max_d": 4, "examples": 6}
 
 
@@ -197,3 +212,52 @@ def test_written_keys_are_the_keys_the_recurrence_writes(name, params, unit):
         np.testing.assert_allclose(np.linalg.norm(w, axis=-1), 1.0, rtol=1e-9)  # l2norm_eps 1e-6 on |k|^2 ~ 1e7
     else:
         np.testing.assert_array_equal(w, k)
+
+
+def _long_memory_gla(dtype, seed, n=130, d=8):
+    rng = np.random.default_rng(seed)
+    q, k, v = (round_to(rng.standard_normal((1, 1, n, d)), dtype) for _ in range(3))
+    g = round_to(np.log(rng.uniform(0.99, 1.0, (1, 1, n, d))), dtype)
+    return AttentionInputs(q, k, v, {"g": g}, dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_state_stored_in_the_dtype_between_calls_fails_state_chain(dtype):
+    """ollama#15865: a state right within each call but returned in 16 bits is rounded whole at every decode
+    call. With long memory nothing erases those roundings; 128 of them err past the rule's floor (twice one
+    rounding of the final state) while one call, or two, stays within it. The builtin returns float32 states and
+    is handed them back."""
+    for seed in range(3):
+        ex = _long_memory_gla(dtype, seed)
+        bad, good = Target(gla_state_stored_in_dtype, "gla", dtype=dtype), builtin("gla", dtype=dtype)
+        f = state_chain(bad, ex, causal=True)
+        assert not f.passed and f.measured > 1.2 and f.details["calls"] == 129, (seed, f.measured, f.details)
+        assert state_agreement(bad, ex, causal=True).passed and state_split(bad, ex, causal=True).passed
+        assert state_chain(good, ex, causal=True).measured < 0.3
+
+
+def test_a_decode_step_that_drops_the_decay_fails_state_chain():
+    r = check(gla_decode_step_without_decay, "gla", causal=True, properties=["state-chain"], domain=DOMAIN)
+    f = r.findings[0]
+    assert not f.passed and f.measured > 10, r.summary()
+    assert f.counterexample["shape"][2] >= 2  # a prefill and at least one decode step
+
+
+def test_the_chain_hands_back_the_state_each_call_returned():
+    """A decode loop: one prefill then one call per token, the last 128 tokens at most; each call after the first
+    receives the state the call before returned, in its dtype (float32 from the builtin's bfloat16 calls)."""
+    seen = []
+
+    def recording(q, k, v, *, causal, g, initial_state=None, output_final_state=False):
+        seen.append((q.shape[-2], None if initial_state is None else initial_state.dtype))
+        return V.get("gla").torch(q, k, v, causal=True, g=g, initial_state=initial_state,
+                                  output_final_state=output_final_state)  # fmt: skip
+
+    import torch
+
+    ex = _long_memory_gla("bfloat16", 0, n=140, d=2)
+    assert [s.q.shape[-2] for s in chain_segments(ex)] == [12] + [1] * 128
+    Target(recording, "gla", dtype="bfloat16").run_chain(
+        [{"q": s.q, "k": s.k, "v": s.v, **s.extras} for s in chain_segments(ex)], initial_state=np.ones((1, 1, 2, 2))
+    )
+    assert seen[0] == (12, torch.bfloat16) and seen[1:] == [(1, torch.float32)] * 128

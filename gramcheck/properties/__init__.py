@@ -26,6 +26,7 @@ Component properties of random features (kernel MSE, ORF) are plain functions in
 | energy-share (diagnostic) | every variant                                   | gram-spectrum.md             |
 | state-agreement           | state-passing, causal                           | state-passing.md             |
 | state-split               | state-passing, causal                           | state-passing.md             |
+| state-chain               | state-passing, causal                           | state-passing.md             |
 | zero-initial-state        | state-passing, causal                           | state-passing.md             |
 | packing                   | causal mode, targets taking cu_seqlens          | state-passing.md             |
 | packing-isolation         | causal mode, targets taking cu_seqlens          | state-passing.md             |
@@ -210,6 +211,14 @@ CATALOGUE: tuple[Property, ...] = (
         state.state_passing,
         "state-passing.md",
         "[0, t) then [t, N) with the carried state equals one pass, t at and off chunk boundaries",
+        min_b=STATE_BATCH,
+    ),
+    Property(
+        "state-chain",
+        state.state_chain,
+        state.state_passing,
+        "state-passing.md",
+        "a prefill, then one call per token from the state each call returns, agrees with the definition",
         min_b=STATE_BATCH,
     ),
     Property(

@@ -4,6 +4,8 @@ returns ``(out, final_state)`` with ``output_final_state=True`` (fla's conventio
 * state-agreement: out and S_N from a nonzero S_0 agree with the definition's, within 2 R(u) each;
 * state-split: running [0, t) then [t, N) from the carried state equals one pass over [0, N), within the
   two computations' rounding bounds, for t at and off chunk boundaries;
+* state-chain: a prefill, then one call per token, each from the state the call before returned as it came,
+  agrees with the definition as one pass must (a decode loop: a state stored in 16 bits between calls fails);
 * zero-initial-state: S_0 = 0 gives what no S_0 gives, within the two rounding bounds (bit identity is
   recorded, not required: a kernel may take another code path when handed a state).
 
@@ -280,6 +282,14 @@ def state_agreement(target: Target, ex: AttentionInputs, *, causal: bool) -> Fin
         return _not_declared("state-agreement", target)
     s0 = initial_state_of(target, ex)
     out, st = target.run(ex.q, ex.k, ex.v, causal=True, initial_state=s0, output_final_state=True, **ex.extras)
+    return judged_from(target, ex, s0, out, st, "state-agreement")
+
+
+def judged_from(
+    target: Target, ex: AttentionInputs, s0: np.ndarray, out: np.ndarray, st: np.ndarray, name: str, **details: Any
+) -> Finding:
+    """The Finding ``name`` on the target's (out, S_N) from S_0 on ``ex``: each against the definition's, within
+    2 R(u) where that bound judges and the low-precision rule in norm where it is vacuous (``Vacuous``)."""
     b_out, b_st = state_bound(target, ex, s0)
     vac = vacuous(target, ex, s0, (b_out, b_st))
     truths, rads = state_truth(target, ex, s0, vac.truth_request((b_out, b_st)))
@@ -300,13 +310,45 @@ def state_agreement(target: Target, ex: AttentionInputs, *, causal: bool) -> Fin
     )  # fmt: skip
     parts.update(rule_parts)
     return parts_finding(
-        "state-agreement",
+        name,
         ex,
         parts,
         token_axis={"out": 2},
         initial_state_max=float(np.max(np.abs(s0))),
         **vac.counts(rule),
+        **details,
     )
+
+
+CHAIN_CALLS = 128  # decode calls at most
+
+
+def chain_segments(ex: AttentionInputs) -> list[AttentionInputs]:
+    """A prefill and a decode loop: [0, p) and then one call per token up to N, p = max(1, N - CHAIN_CALLS)."""
+    n = ex.q.shape[-2]
+    p = max(1, n - CHAIN_CALLS)
+    return [_segment(ex, 0, p)] + [_segment(ex, t, t + 1) for t in range(p, n)]
+
+
+@guarded("state-chain")
+@algorithm_underflow.judged_property
+def state_chain(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding | None:
+    """A prefill [0, p) from S_0, then one call per token, each from the final state the call before returned,
+    passed back as it came (``Target.run_chain``): the outputs and the last state agree with the definition's
+    from S_0 over [0, N) as one call must (``judged_from``). A state carried at float32 or wider between calls
+    rounds no more than a recurrence's own held state does each token; one stored in a 16-bit dtype between
+    calls compounds a rounding of the whole state per call (proofs/state-passing.md, "A decode loop")."""
+    if not target.passes_state:
+        return _not_declared("state-chain", target)
+    n = ex.q.shape[-2]
+    if n < 2:
+        return None
+    s0 = initial_state_of(target, ex)
+    segments = chain_segments(ex)
+    out, st = target.run_chain(
+        [{"q": seg.q, "k": seg.k, "v": seg.v, **seg.extras} for seg in segments], initial_state=s0
+    )
+    return judged_from(target, ex, s0, out, st, "state-chain", prefill=segments[0].q.shape[-2], calls=len(segments))
 
 
 @dataclass(frozen=True)

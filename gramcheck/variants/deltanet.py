@@ -48,7 +48,7 @@ from ..inputs import InputSpec, scalar_log_decay
 from .common import chunk_decays, to_chunks
 from .spec import Variant
 
-BETA_REGIMES = ("uniform", "sigmoid", "edge")
+BETA_REGIMES = ("uniform", "sigmoid", "edge", "weak")
 
 
 def l2_normalise(ar: Any, x: Any, eps: float) -> Any:
@@ -228,7 +228,9 @@ def torch_forward(
 # --------------------------------------------------------------------------------------------------
 def draw_beta(rng: np.random.Generator, shape: tuple[int, ...], regime: str = "uniform") -> np.ndarray:
     """Write strengths: ``uniform`` on [0, 2]; ``sigmoid`` in (0, 1) (fla's usual beta = sigmoid(x));
-    ``edge``: each entry 0, 1 or 2 exactly (erase-nothing, overwrite, reflect); ``expansive`` (drawn
+    ``edge``: each entry 0, 1 or 2 exactly (erase-nothing, overwrite, reflect); ``weak``: in [0, 0.05], writes
+    that barely touch a long-lived state (sigmoid(x) for x < -3; a carried state's own rounding is then not erased
+    by the writes, as in a decode loop); ``expansive`` (drawn
     only when a domain asks for it): in (2, 3], where the transition along k_t has |1 - beta| > 1."""
     if regime == "expansive":
         return 3.0 - rng.uniform(0.0, 0.95, shape)
@@ -238,6 +240,8 @@ def draw_beta(rng: np.random.Generator, shape: tuple[int, ...], regime: str = "u
         return 1.0 / (1.0 + np.exp(-rng.standard_normal(shape)))
     if regime == "edge":
         return rng.choice(np.array([0.0, 1.0, 2.0]), size=shape)
+    if regime == "weak":
+        return rng.uniform(0.0, 0.05, shape)
     raise ValueError(f"regime: got {regime!r}; expected one of {BETA_REGIMES}")
 
 
