@@ -395,27 +395,35 @@ class Target:
 
     def run_chain(
         self, segments: Sequence[Mapping[str, Any]], *, initial_state: Any = None
-    ) -> tuple[np.ndarray, np.ndarray]:
+    ) -> tuple[np.ndarray, np.ndarray, str]:
         """A decode loop: causal calls on ``segments`` (consecutive token ranges, each q, k, v and the extras as
-        float64 arrays of dtype values) in order, the first from ``initial_state`` (float64, passed in the dtype)
-        and each later one from the final state the call before returned, passed back as it came (its dtype
-        and device: what a cache of the state holds). Returns (the outputs concatenated along N, the last final
-        state), float64."""
+        float64 arrays of dtype values) in order, each after the first from the final state the call before
+        returned, passed back as it came (its dtype and device: what a cache of the state holds). The first
+        call starts from ``initial_state`` (float64) in the dtype the target's cache would hold it in: that of
+        the state the first call returns when given none (one more call; a kernel may return a state in the
+        dtype of the state it was given, and a cache of float32 never hands it a 16-bit one). Returns (the
+        outputs concatenated along N, the last final state) as float64, and the dtype the last state came in."""
         arrays = {f"{i} {n}": x for i, seg in enumerate(segments) for n, x in seg.items()}
         if initial_state is not None:
             arrays["initial_state"] = initial_state
 
-        def run() -> tuple[np.ndarray, np.ndarray]:
-            state: Any = None if initial_state is None else self.tensors({"s": initial_state})["s"]
+        def call(seg: Mapping[str, Any], state: Any) -> tuple[Any, Any]:
+            t = self.tensors(seg)
+            given = {} if state is None else {"initial_state": state}
+            return self.call_torch(
+                t.pop("q"), t.pop("k"), t.pop("v"), causal=True, output_final_state=True, **t, **given
+            )
+
+        def run() -> tuple[np.ndarray, np.ndarray, str]:
+            state: Any = None
+            if initial_state is not None:
+                cache = dtype_name(call(segments[0], None)[1].dtype)
+                state = self.tensors({"s": initial_state}, dtype=cache)["s"]
             outs = []
             for seg in segments:
-                t = self.tensors(seg)
-                given = {} if state is None else {"initial_state": state}
-                out, state = self.call_torch(
-                    t.pop("q"), t.pop("k"), t.pop("v"), causal=True, output_final_state=True, **t, **given
-                )
+                out, state = call(seg, state)
                 outs.append(out.detach().to("cpu").double().numpy())
-            return np.concatenate(outs, axis=2), state.detach().to("cpu").double().numpy()
+            return np.concatenate(outs, axis=2), state.detach().to("cpu").double().numpy(), dtype_name(state.dtype)
 
         return taped(self, "chain", (len(segments),), arrays, run)
 

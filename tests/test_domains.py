@@ -118,7 +118,7 @@ def test_failure_names_entry_and_smallest_failing_length():
     "kw,match",
     [
         ({"chunks": (0,)}, "^domain.chunks"),
-        ({"gates": ("weak",)}, "^domain.gates"),
+        ({"gates": ("feeble",)}, "^domain.gates"),
         ({"budget": 0}, "^domain.budget"),
         ({"value_dims": "square"}, "^domain.value_dims"),
     ],

@@ -232,6 +232,7 @@ def test_a_state_stored_in_the_dtype_between_calls_fails_state_chain(dtype):
         bad, good = Target(gla_state_stored_in_dtype, "gla", dtype=dtype), builtin("gla", dtype=dtype)
         f = state_chain(bad, ex, causal=True)
         assert not f.passed and f.measured > 1.2 and f.details["calls"] == 129, (seed, f.measured, f.details)
+        assert f.details["state_dtype"] == dtype and "rounds it whole at every call" in f.details["note"]
         assert state_agreement(bad, ex, causal=True).passed and state_split(bad, ex, causal=True).passed
         assert state_chain(good, ex, causal=True).measured < 0.3
 
@@ -244,8 +245,10 @@ def test_a_decode_step_that_drops_the_decay_fails_state_chain():
 
 
 def test_the_chain_hands_back_the_state_each_call_returned():
-    """A decode loop: one prefill then one call per token, the last 128 tokens at most; each call after the first
-    receives the state the call before returned, in its dtype (float32 from the builtin's bfloat16 calls)."""
+    """A decode loop: one prefill from S_0, then one call per token, the last 128 tokens at most; each call after the
+    first receives the state the call before returned, in its dtype (float32 from the builtin's bfloat16 calls),
+    the first S_0 in the dtype of the state the prefill returns without one (found by one more call), and the
+    Finding records the dtype."""
     seen = []
 
     def recording(q, k, v, *, causal, g, initial_state=None, output_final_state=False):
@@ -257,7 +260,26 @@ def test_the_chain_hands_back_the_state_each_call_returned():
 
     ex = _long_memory_gla("bfloat16", 0, n=140, d=2)
     assert [s.q.shape[-2] for s in chain_segments(ex)] == [12] + [1] * 128
-    Target(recording, "gla", dtype="bfloat16").run_chain(
-        [{"q": s.q, "k": s.k, "v": s.v, **s.extras} for s in chain_segments(ex)], initial_state=np.ones((1, 1, 2, 2))
-    )
-    assert seen[0] == (12, torch.bfloat16) and seen[1:] == [(1, torch.float32)] * 128
+    t = Target(recording, "gla", dtype="bfloat16")
+    assert state_chain(t, ex, causal=True).details["state_dtype"] == "float32"
+    assert seen[:2] == [(12, None), (12, torch.float32)] and seen[2:] == [(1, torch.float32)] * 128
+
+
+def test_a_state_in_the_dtype_of_the_state_given_passes_state_chain():
+    """A kernel whose final state takes the dtype of the initial state it is given (empty_like(h0)), float32
+    without one, is correct in a loop that hands its states back: its cache holds float32, and S_0 is handed to it
+    so. (Started from S_0 in the inputs' dtype, the loop failed it at 1.05-2.41.)"""
+    import torch
+
+    def like_initial(q, k, v, *, causal, g, initial_state=None, output_final_state=False):
+        res = _gla_state_pair(q, k, v, g, initial_state)
+        return res[0], res[1].to(torch.float32 if initial_state is None else initial_state.dtype)
+
+    for seed in range(3):
+        ex = _long_memory_gla("bfloat16", seed)
+        f = state_chain(Target(like_initial, "gla", dtype="bfloat16"), ex, causal=True)
+        assert f.passed and f.measured < 0.3 and f.details["state_dtype"] == "float32", (seed, f.measured)
+
+
+def _gla_state_pair(q, k, v, g, initial_state):
+    return V.get("gla").torch(q, k, v, causal=True, g=g, initial_state=initial_state, output_final_state=True)

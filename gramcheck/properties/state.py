@@ -5,7 +5,8 @@ returns ``(out, final_state)`` with ``output_final_state=True`` (fla's conventio
 * state-split: running [0, t) then [t, N) from the carried state equals one pass over [0, N), within the
   two computations' rounding bounds, for t at and off chunk boundaries;
 * state-chain: a prefill, then one call per token, each from the state the call before returned as it came,
-  agrees with the definition as one pass must (a decode loop: a state stored in 16 bits between calls fails);
+  agrees with the definition as one pass must (a decode loop, where a state carried in 16 bits is rounded whole
+  at every call);
 * zero-initial-state: S_0 = 0 gives what no S_0 gives, within the two rounding bounds (bit identity is
   recorded, not required: a kernel may take another code path when handed a state).
 
@@ -37,7 +38,7 @@ from ..agreement import (
     slice_magnitude,
 )
 from ..arith import BALL_F64, F64, RoundedArith, rounding_model
-from ..findings import Finding, error_ratios
+from ..findings import Finding, add_note, error_ratios
 from ..forms import CHUNK_SIZES
 from ..oracle import escalation_arith
 from ..precision import max_finite, overflow_threshold, round_to, smallest_subnormal, unit_roundoff
@@ -286,10 +287,17 @@ def state_agreement(target: Target, ex: AttentionInputs, *, causal: bool) -> Fin
 
 
 def judged_from(
-    target: Target, ex: AttentionInputs, s0: np.ndarray, out: np.ndarray, st: np.ndarray, name: str, **details: Any
+    target: Target,
+    ex: AttentionInputs,
+    s0: np.ndarray | None,
+    out: np.ndarray,
+    st: np.ndarray,
+    name: str,
+    **details: Any,
 ) -> Finding:
-    """The Finding ``name`` on the target's (out, S_N) from S_0 on ``ex``: each against the definition's, within
-    2 R(u) where that bound judges and the low-precision rule in norm where it is vacuous (``Vacuous``)."""
+    """The Finding ``name`` on the target's (out, S_N) from S_0 (None: none) on ``ex``: each against the
+    definition's, within 2 R(u) where that bound judges and the low-precision rule in norm where it is vacuous
+    (``Vacuous``)."""
     b_out, b_st = state_bound(target, ex, s0)
     vac = vacuous(target, ex, s0, (b_out, b_st))
     truths, rads = state_truth(target, ex, s0, vac.truth_request((b_out, b_st)))
@@ -314,7 +322,7 @@ def judged_from(
         ex,
         parts,
         token_axis={"out": 2},
-        initial_state_max=float(np.max(np.abs(s0))),
+        **({} if s0 is None else {"initial_state_max": float(np.max(np.abs(s0)))}),
         **vac.counts(rule),
         **details,
     )
@@ -334,10 +342,11 @@ def chain_segments(ex: AttentionInputs) -> list[AttentionInputs]:
 @algorithm_underflow.judged_property
 def state_chain(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding | None:
     """A prefill [0, p) from S_0, then one call per token, each from the final state the call before returned,
-    passed back as it came (``Target.run_chain``): the outputs and the last state agree with the definition's
-    from S_0 over [0, N) as one call must (``judged_from``). A state carried at float32 or wider between calls
-    rounds no more than a recurrence's own held state does each token; one stored in a 16-bit dtype between
-    calls compounds a rounding of the whole state per call (proofs/state-passing.md, "A decode loop")."""
+    passed back as it came (``Target.run_chain``; S_0 in the dtype of a state the target returns): the outputs
+    and the last state agree with the definition's from S_0 over [0, N) as one call's must (``judged_from``). A
+    state carried at float32 or wider between calls rounds no more than a recurrence's own held state does each
+    token; one carried in a 16-bit dtype is rounded whole at every call, which compounds where the writes do not
+    erase it (proofs/state-passing.md, "2b. state-chain")."""
     if not target.passes_state:
         return _not_declared("state-chain", target)
     n = ex.q.shape[-2]
@@ -345,10 +354,16 @@ def state_chain(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding
         return None
     s0 = initial_state_of(target, ex)
     segments = chain_segments(ex)
-    out, st = target.run_chain(
+    out, st, carried = target.run_chain(
         [{"q": seg.q, "k": seg.k, "v": seg.v, **seg.extras} for seg in segments], initial_state=s0
     )
-    return judged_from(target, ex, s0, out, st, "state-chain", prefill=segments[0].q.shape[-2], calls=len(segments))
+    f = judged_from(
+        target, ex, s0, out, st, "state-chain", prefill=segments[0].q.shape[-2], calls=len(segments),
+        state_dtype=carried,
+    )  # fmt: skip
+    if not f.passed and unit_roundoff(carried) > unit_roundoff("float32"):
+        add_note(f.details, f"the state came back in {carried}: a decode loop rounds it whole at every call")
+    return f
 
 
 @dataclass(frozen=True)
