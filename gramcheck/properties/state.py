@@ -354,9 +354,7 @@ def state_chain(target: Target, ex: AttentionInputs, *, causal: bool) -> Finding
         return None
     s0 = initial_state_of(target, ex)
     segments = chain_segments(ex)
-    out, st, carried = target.run_chain(
-        [{"q": seg.q, "k": seg.k, "v": seg.v, **seg.extras} for seg in segments], initial_state=s0
-    )
+    out, st, carried = target.run_chain([arrays_of(seg) for seg in segments], initial_state=s0)
     f = judged_from(
         target, ex, s0, out, st, "state-chain", prefill=segments[0].q.shape[-2], calls=len(segments),
         state_dtype=carried,
