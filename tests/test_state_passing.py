@@ -283,3 +283,19 @@ def test_a_state_in_the_dtype_of_the_state_given_passes_state_chain():
 
 def _gla_state_pair(q, k, v, g, initial_state):
     return V.get("gla").torch(q, k, v, causal=True, g=g, initial_state=initial_state, output_final_state=True)
+
+
+@pytest.mark.parametrize("name", ["gla", "gated-deltanet", "mamba2"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_decode_path_of_its_own_passes_state_chain(name, dtype):
+    """A correct target that computes a decode step otherwise than its prefill (the chunked form for several
+    tokens, the token recurrence in float32 for one, as serving kernels split prefill and decode) passes."""
+    var = V.get(name)
+
+    def split_paths(q, k, v, *, causal, initial_state=None, output_final_state=False, **extras):
+        form = "recurrent" if q.shape[-2] == 1 else "chunked"
+        return var.torch(q, k, v, causal=True, form=form, initial_state=initial_state,
+                         output_final_state=output_final_state, **extras)  # fmt: skip
+
+    r = check(Target(split_paths, name, dtype=dtype), causal=True, properties=["state-chain"], domain=DOMAIN)
+    assert r.passed, r.summary()

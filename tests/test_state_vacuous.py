@@ -742,3 +742,37 @@ def test_a_yardstick_past_the_range_is_measured_as_the_target_is(monkeypatch):
     monkeypatch.setattr(state, "naive_with_state", unfinished)
     f = state_agreement(t, ex, causal=True)
     assert f.measured > 1.2 and f.details["entry"] == "out[0,0] tokens 192-256 in norm", f.details
+
+
+def test_an_exact_zero_known_to_its_radius_is_judged_to_a_hundred_radii():
+    """Queries orthogonal to every key (mamba2, bfloat16, decays of e^-75 and e^-51): the outputs of the first
+    slice are the S_0 term alone, ~1e-59, and the float64 truth knows them to +-4e-15. The rule's floor, 2 u |E|
+    there, was 1e-61, and the builtin, exactly at the truth, failed state-agreement by its radius: 5.7e46. The floor
+    is now at least 100 radii of the truth: the builtin passes, and outputs 2^-30 off there fail (about 10^4 radii).
+    proofs/state-passing.md, "The truth's radius"."""
+
+    q = [[[[0, 0], [1, -1], [1, -1], [-1, 1], [0, 0]], [[0, -1], [0, -1], [0, -1], [0, 1], [0, 1]]]]
+    k = [[[[0, 0], [-1, -1], [1, 1], [0, 0], [1, 1]], [[0, 0], [-1, -1], [1, 1], [0, 0], [1, 1]]]]
+    v = [
+        [
+            [[-0.19140625, -1.546875], [1.5078125, 0.287109375], [0.30078125, -0.6796875], [-1.0390625, 1.578125],
+             [-1.515625, -0.62109375]],
+            [[-1.1484375, 1.4453125], [0.322265625, -0.70703125], [0.71484375, 1.9453125], [-0.9609375, -0.89453125],
+             [0.400390625, 0.2421875]],
+        ]
+    ]  # fmt: skip
+    g = [[[-75.0, -51.0, -0.0096435546875, -0.0098876953125, -0.00186920166015625],
+          [-44.75, -0.003936767578125, -0.002716064453125, -0.00457763671875, -0.000652313232421875]]]  # fmt: skip
+    ex = AttentionInputs(*(np.asarray(x, dtype=np.float64) for x in (q, k, v)), {"g": np.asarray(g)}, dtype="bfloat16")
+    good = builtin("mamba2", dtype="bfloat16")
+    assert state_agreement(good, ex, causal=True).measured < 0.5  # 0.14, on another slice
+
+    def off(q, k, v, *, causal, g, initial_state=None, output_final_state=False):
+        res = good.fn(q, k, v, causal=True, g=g, initial_state=initial_state, output_final_state=output_final_state)
+        out = res[0] if output_final_state else res
+        out = out.clone()
+        out[:, 0, 1:4] += 2.0**-30  # the tokens of the first slice whose exact outputs are the S_0 term alone
+        return (out, res[1]) if output_final_state else out
+
+    f = state_agreement(Target(off, "mamba2", dtype="bfloat16"), ex, causal=True)
+    assert not f.passed and f.details["entry"].startswith("out[0,0]"), f.details

@@ -633,6 +633,7 @@ def _basis_reads(target: Target, seg: AttentionInputs, k: np.ndarray, v: np.ndar
     return np.asarray(reads, dtype=np.float64).reshape(dk, B, H, m, -1).transpose(1, 2, 3, 0, 4)
 
 
+TRUTH_RADII = 100.0  # the rule's floor in radii of the truth at least (``rule_in_norm``)
 RULE_WINDOW = 64  # tokens: the chunk of production kernels, over which the rule in norm also judges outputs
 
 
@@ -657,7 +658,10 @@ def rule_in_norm(
     (label ' tokens a-b'): in the slice's norm an error confined to a few rows hides behind the rounding of all
     the others (outputs 0.5% off after token 64 passed at 0.92; proofs/state-passing.md, "Windows")."""
     u = unit_roundoff(dtype)
+    # the truth is known to its radius: the floor is at least 100 radii (an exact 0 known to +-1e-15 gave a bound
+    # of 1e-61, which the error, radius included, failed by 1e46; the judged radius is at most u |slice| / 100)
     scale = np.maximum(np.abs(truth), terms * (min(u, unit_roundoff("float32")) / u))
+    scale = np.maximum(scale, TRUTH_RADII * rad / (LOW_PRECISION_FLOOR_ULPS * u))
     out = []
     for idx, mask in per_slice(judged):
         j = mask[idx]
